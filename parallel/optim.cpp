@@ -1,0 +1,106 @@
+#include "parallel/optim.h"
+
+#include "kernels/cpu_optim.h"
+#include "parallel/autograd.h"
+#include "parallel/ops.h"
+#include "tracer/tracer.h"
+
+namespace commtrace {
+
+namespace {
+using detail::dispatch;
+using detail::OpDef;
+using detail::run_kernels;
+
+template <class F>
+void by_param_dtype(const Tensor& p, F&& f) {
+  if (p.dtype() == DType::F64) {
+    f(double{});
+  } else {
+    f(float{});
+  }
+}
+}  // namespace
+
+Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
+  for (const Tensor& p : params_) {
+    COMMTRACE_CHECK(p.dtype() == DType::F32 || p.dtype() == DType::F64, ErrorCode::Unsupported,
+                    "optimizer: parameter {} is {}; only f32 and f64 parameters are supported",
+                    describe(p), dtype_name(p.dtype()));
+  }
+}
+
+void Optimizer::step() {
+  PhaseScope phase(Phase::Optimizer);
+  NoGradGuard no_grad;
+  ++steps_;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Tensor g = params_[i].grad();
+    if (g.defined()) update(i, g);
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (Tensor& p : params_) p.set_grad(Tensor());
+}
+
+SGD::SGD(std::vector<Tensor> params, double lr, double momentum, double weight_decay)
+    : Optimizer(std::move(params)), lr_(lr), momentum_(momentum), weight_decay_(weight_decay) {
+  COMMTRACE_CHECK(lr > 0 && momentum >= 0 && weight_decay >= 0, ErrorCode::InvalidArgument,
+                  "SGD: lr {} must be > 0, momentum {} and weight_decay {} >= 0", lr, momentum,
+                  weight_decay);
+  momentum_buf_.resize(params_.size());
+}
+
+void SGD::update(std::size_t i, const Tensor& g) {
+  static const OpDef def{"_fused_sgd_", "default", EventKind::Compute, false};
+  const Tensor& p = params_[i];
+  const bool first = !momentum_buf_[i].defined();
+  if (first) momentum_buf_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  dispatch(def, {p, g, momentum_buf_[i]}, [&](const std::vector<Tensor>& in) {
+    if (run_kernels(p.device())) {
+      by_param_dtype(p, [&](auto tag) {
+        using T = decltype(tag);
+        cpu::sgd_step<T>(in[0].data<T>(), in[1].data<T>(), in[2].data<T>(), p.numel(), T(lr_),
+                         T(momentum_), T(weight_decay_), first);
+      });
+    }
+    return in[0];
+  });
+}
+
+AdamW::AdamW(std::vector<Tensor> params, double lr, double beta1, double beta2, double eps,
+             double weight_decay)
+    : Optimizer(std::move(params)),
+      lr_(lr),
+      beta1_(beta1),
+      beta2_(beta2),
+      eps_(eps),
+      weight_decay_(weight_decay) {
+  COMMTRACE_CHECK(lr > 0 && beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1 && eps > 0,
+                  ErrorCode::InvalidArgument,
+                  "AdamW: need lr > 0, betas in [0, 1), eps > 0; got lr {}, betas ({}, {}), eps {}",
+                  lr, beta1, beta2, eps);
+  for (const Tensor& p : params_) {
+    m_.push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
+    v_.push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
+  }
+}
+
+void AdamW::update(std::size_t i, const Tensor& g) {
+  static const OpDef def{"_fused_adamw_", "default", EventKind::Compute, false};
+  const Tensor& p = params_[i];
+  dispatch(def, {p, g, m_[i], v_[i]}, [&](const std::vector<Tensor>& in) {
+    if (run_kernels(p.device())) {
+      by_param_dtype(p, [&](auto tag) {
+        using T = decltype(tag);
+        cpu::adamw_step<T>(in[0].data<T>(), in[1].data<T>(), in[2].data<T>(), in[3].data<T>(),
+                           p.numel(), T(lr_), T(beta1_), T(beta2_), T(eps_), T(weight_decay_),
+                           steps_);
+      });
+    }
+    return in[0];
+  });
+}
+
+}  // namespace commtrace

@@ -1,0 +1,151 @@
+#include "parallel/tensor.h"
+
+#include <cstdlib>
+
+#include "kernels/cpu.h"
+#include "parallel/autograd.h"
+
+namespace commtrace {
+
+namespace {
+std::atomic<std::uint64_t> g_allocations{0};
+}
+
+Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  COMMTRACE_CHECK(device == Device::CPU, ErrorCode::Unsupported,
+                  "storage: {} tensors have no host storage (cuda arrives with the CUDA backend)",
+                  device_name(device));
+  data_ = std::malloc(bytes == 0 ? 1 : bytes);
+  COMMTRACE_CHECK(data_ != nullptr, ErrorCode::Backend, "storage: out of memory ({} bytes)", bytes);
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+}
+
+Storage::~Storage() { std::free(data_); }
+
+std::uint64_t Storage::allocations() { return g_allocations.load(std::memory_order_relaxed); }
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (auto d : shape) {
+    COMMTRACE_CHECK(d >= 0, ErrorCode::InvalidArgument, "empty: negative dim in shape {}",
+                    shape_str(shape));
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->dtype = dtype;
+  impl->device = device;
+  if (device != Device::Meta) {
+    impl->storage =
+        std::make_shared<Storage>(std::size_t(commtrace::numel(shape)) * dtype_size(dtype), device);
+  }
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 0.0, dtype, device);
+}
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  if (device == Device::Meta) return t;
+  const std::int64_t n = t.numel();
+  std::vector<double> tmp(std::size_t(n), value);
+  cpu::convert(tmp.data(), DType::F64, t.raw_data(dtype_size(dtype)), dtype, n);
+  return t;
+}
+
+Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape, DType dtype,
+                           Device device) {
+  COMMTRACE_CHECK(std::int64_t(values.size()) == commtrace::numel(shape), ErrorCode::ShapeMismatch,
+                  "from_vector: {} values for shape {} ({} elements)", values.size(),
+                  shape_str(shape), commtrace::numel(shape));
+  Tensor t = empty(shape, dtype, device);
+  if (device != Device::Meta) {
+    cpu::convert(values.data(), DType::F64, t.raw_data(dtype_size(dtype)), dtype,
+                 std::int64_t(values.size()));
+  }
+  return t;
+}
+
+Tensor Tensor::from_indices(const std::vector<std::int64_t>& values, const Shape& shape,
+                            Device device) {
+  COMMTRACE_CHECK(std::int64_t(values.size()) == commtrace::numel(shape), ErrorCode::ShapeMismatch,
+                  "from_indices: {} values for shape {}", values.size(), shape_str(shape));
+  Tensor t = empty(shape, DType::I64, device);
+  if (device != Device::Meta) std::copy(values.begin(), values.end(), t.data<std::int64_t>());
+  return t;
+}
+
+const TensorImpl& Tensor::checked() const {
+  COMMTRACE_CHECK(impl_ != nullptr, ErrorCode::InvalidArgument, "use of an undefined tensor");
+  return *impl_;
+}
+
+std::int64_t Tensor::size(int d) const {
+  const int n = dim();
+  COMMTRACE_CHECK(d >= -n && d < n, ErrorCode::InvalidArgument,
+                  "size: dim {} out of range for a {}-d tensor", d, n);
+  return shape()[std::size_t(d < 0 ? d + n : d)];
+}
+
+void* Tensor::raw_data(std::size_t elem_size) const {
+  const TensorImpl& t = checked();
+  COMMTRACE_CHECK(t.device == Device::CPU, ErrorCode::Unsupported,
+                  "data: a {} tensor has no host data", device_name(t.device));
+  COMMTRACE_CHECK(elem_size == dtype_size(t.dtype), ErrorCode::InvalidArgument,
+                  "data: element size {} does not match dtype {}", elem_size, dtype_name(t.dtype));
+  return static_cast<char*>(t.storage->data()) + t.offset * std::int64_t(elem_size);
+}
+
+std::vector<double> Tensor::to_vector() const {
+  std::vector<double> out(static_cast<std::size_t>(numel()));
+  cpu::convert(raw_data(dtype_size(dtype())), dtype(), out.data(), DType::F64, numel());
+  return out;
+}
+
+double Tensor::item() const {
+  COMMTRACE_CHECK(numel() == 1, ErrorCode::InvalidArgument,
+                  "item: tensor {} has {} elements, expected 1", describe(*this), numel());
+  return to_vector()[0];
+}
+
+Tensor& Tensor::set_requires_grad(bool on) {
+  COMMTRACE_CHECK(is_leaf(), ErrorCode::InvalidArgument,
+                  "set_requires_grad: only leaf tensors can be flagged ({})", describe(*this));
+  COMMTRACE_CHECK(!on || is_floating(dtype()), ErrorCode::InvalidArgument,
+                  "set_requires_grad: {} tensors cannot require grad", dtype_name(dtype()));
+  impl_->requires_grad = on;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return Tensor(checked().grad); }
+
+void Tensor::set_grad(const Tensor& g) {
+  checked();
+  if (g.defined()) {
+    COMMTRACE_CHECK(g.shape() == shape(), ErrorCode::ShapeMismatch,
+                    "set_grad: gradient {} does not match tensor {}", describe(g), describe(*this));
+  }
+  impl_->grad = g.impl_ptr();
+}
+
+Tensor Tensor::detach() const {
+  const TensorImpl& t = checked();
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = t.storage;
+  impl->offset = t.offset;
+  impl->shape = t.shape;
+  impl->dtype = t.dtype;
+  impl->device = t.device;
+  return Tensor(std::move(impl));
+}
+
+void Tensor::backward(const Tensor& grad) const { run_backward(*this, grad); }
+
+std::string describe(const Tensor& t) {
+  if (!t.defined()) return "undefined";
+  return fmt::format(
+      "{}{}{}", dtype_name(t.dtype()), shape_str(t.shape()),
+      t.device() == Device::CPU ? "" : fmt::format(" on {}", device_name(t.device())));
+}
+
+}  // namespace commtrace

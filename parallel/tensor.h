@@ -1,0 +1,110 @@
+// Tensor: a shared handle to contiguous row-major storage on one device (cpu, meta, cuda slot),
+// with autograd state. Views share storage and differ in offset and shape. A meta tensor has a
+// shape and dtype and no storage. The DTensor layer (later) rides on `dist`.
+// Ops on tensors live in parallel/ops.h; this file holds construction and access only.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/base.h"
+
+namespace commtrace {
+
+// Bytes on one device. Owner of the allocation; counts every allocation for tests.
+class Storage {
+ public:
+  Storage(std::size_t bytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+  static std::uint64_t allocations();  // data allocations since start, all threads
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  Device device_;
+};
+
+struct Node;
+struct DistSpec;  // parallel/dtensor.h
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;  // null on meta
+  std::int64_t offset = 0;           // in elements
+  Shape shape;
+  DType dtype = DType::F32;
+  Device device = Device::CPU;
+  bool requires_grad = false;
+  std::shared_ptr<TensorImpl> grad;
+  std::shared_ptr<Node> grad_fn;         // null for leaves and for tensors outside autograd
+  std::shared_ptr<const DistSpec> dist;  // set on a DTensor: this impl is the local shard
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // Uninitialized storage (zeros on meta: nothing).
+  static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::CPU);
+  static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::CPU);
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::F32,
+                     Device device = Device::CPU);
+  // REQUIRES: values.size() == numel(shape). Stored as `dtype` (converted).
+  static Tensor from_vector(const std::vector<double>& values, const Shape& shape,
+                            DType dtype = DType::F32, Device device = Device::CPU);
+  static Tensor from_indices(const std::vector<std::int64_t>& values, const Shape& shape,
+                             Device device = Device::CPU);
+
+  bool defined() const { return impl_ != nullptr; }
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+
+  const Shape& shape() const { return checked().shape; }
+  int dim() const { return int(shape().size()); }
+  std::int64_t size(int d) const;  // negative d counts from the end
+  std::int64_t numel() const { return commtrace::numel(shape()); }
+  DType dtype() const { return checked().dtype; }
+  Device device() const { return checked().device; }
+  bool is_meta() const { return device() == Device::Meta; }
+
+  // Typed access to the elements; REQUIRES: cpu and sizeof(T) == dtype size.
+  template <typename T>
+  T* data() const {
+    return static_cast<T*>(raw_data(sizeof(T)));
+  }
+  void* raw_data(std::size_t elem_size) const;
+
+  std::vector<double> to_vector() const;  // any dtype, cpu only (tests and printing)
+  double item() const;                    // REQUIRES: one element
+
+  bool requires_grad() const { return checked().requires_grad; }
+  Tensor& set_requires_grad(bool on);  // REQUIRES: a leaf, floating dtype
+  bool is_leaf() const { return checked().grad_fn == nullptr; }
+  Tensor grad() const;
+  void set_grad(const Tensor& g);
+  Node* grad_fn() const { return checked().grad_fn.get(); }
+
+  // A new handle on the same storage, outside autograd (and with no DTensor spec).
+  Tensor detach() const;
+  // Reverse-mode autograd from this tensor; with no gradient it must hold one element.
+  void backward(const Tensor& grad = Tensor()) const;
+
+ private:
+  const TensorImpl& checked() const;
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// A name for error messages: "f32[8, 10]".
+std::string describe(const Tensor& t);
+
+}  // namespace commtrace

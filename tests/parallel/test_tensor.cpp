@@ -1,0 +1,106 @@
+// Tensor basics: storage and dtypes, views, meta tensors, and the argument checks of the op layer.
+#include <cstdint>
+#include <string>
+
+#include "parallel/ops.h"
+#include "parallel/tensor.h"
+#include "tests/catch_compat.h"
+
+using namespace commtrace;
+
+namespace {
+// Runs f and returns the Error it throws (fails the test when it throws nothing).
+template <class F>
+Error error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  FAIL("expected commtrace::Error");
+  return Error(ErrorCode::Internal, "unreachable");
+}
+}  // namespace
+
+TEST_CASE("tensors store f32, f64, bf16 and i64", "[tensor]") {
+  const std::vector<double> v{1.0, -2.5, 3.0, 1.00390625};
+  REQUIRE(Tensor::from_vector(v, {2, 2}, DType::F32).to_vector() == v);
+  REQUIRE(Tensor::from_vector(v, {2, 2}, DType::F64).to_vector() == v);
+  // bf16 keeps 8 mantissa bits: 1.00390625 (= 1 + 2^-8) rounds to even, i.e. to 1.
+  REQUIRE(Tensor::from_vector(v, {4}, DType::BF16).to_vector() ==
+          std::vector<double>{1.0, -2.5, 3.0, 1.0});
+  const Tensor idx = Tensor::from_indices({3, 1, 4}, {3});
+  REQUIRE(idx.dtype() == DType::I64);
+  REQUIRE(idx.data<std::int64_t>()[2] == 4);
+  REQUIRE(Tensor::from_vector(v, {2, 2}, DType::BF16).impl()->storage->bytes() == 8);
+}
+
+TEST_CASE("bf16 ops compute in f32 and store bf16", "[tensor]") {
+  const Tensor a = Tensor::from_vector({1, 2, 3}, {3}, DType::BF16);
+  const Tensor b = Tensor::from_vector({0.5, 0.25, -1}, {3}, DType::BF16);
+  const Tensor c = add(a, b);
+  REQUIRE(c.dtype() == DType::BF16);
+  REQUIRE(c.to_vector() == std::vector<double>{1.5, 2.25, 2.0});
+  REQUIRE(to_dtype(c, DType::F32).dtype() == DType::F32);
+}
+
+TEST_CASE("views share storage", "[tensor]") {
+  Tensor x = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor v = view(x, {3, -1});
+  REQUIRE(v.shape() == Shape{3, 2});
+  v.data<float>()[5] = 60;
+  REQUIRE(x.to_vector()[5] == 60);
+  REQUIRE(x.detach().impl()->storage == x.impl()->storage);
+  REQUIRE_THROWS_AS(view(x, {4, -1}), Error);
+}
+
+TEST_CASE("meta tensors carry shape and dtype and allocate nothing", "[tensor][meta]") {
+  const auto before = Storage::allocations();
+  const Tensor a = Tensor::empty({1024, 1024}, DType::F32, Device::Meta);
+  const Tensor w = Tensor::zeros({512, 1024}, DType::F32, Device::Meta);
+  const Tensor y = relu(linear(a, w, Tensor()));
+  REQUIRE(y.shape() == Shape{1024, 512});
+  REQUIRE(y.is_meta());
+  REQUIRE(sum(y).shape() == Shape{});
+  REQUIRE(Storage::allocations() == before);
+  REQUIRE(error_of([&] { (void)a.data<float>(); }).code() == ErrorCode::Unsupported);
+}
+
+TEST_CASE("cuda tensors are refused until the CUDA backend exists", "[tensor]") {
+  REQUIRE(error_of([] { Tensor::empty({2}, DType::F32, Device::CUDA); }).code() ==
+          ErrorCode::Unsupported);
+}
+
+TEST_CASE("shape errors name the op and both shapes", "[tensor][errors]") {
+  const Tensor a = Tensor::zeros({2, 3});
+  const Tensor b = Tensor::zeros({4, 5});
+  const Error e = error_of([&] { mm(a, b); });
+  REQUIRE(e.code() == ErrorCode::ShapeMismatch);
+  const std::string msg = e.what();
+  REQUIRE(msg.find("mm") != std::string::npos);
+  REQUIRE(msg.find("[2, 3]") != std::string::npos);
+  REQUIRE(msg.find("[4, 5]") != std::string::npos);
+
+  const std::string bc = error_of([&] { add(a, b); }).what();
+  REQUIRE(bc.find("add") != std::string::npos);
+  REQUIRE(bc.find("[2, 3]") != std::string::npos);
+
+  const std::string lin = error_of([&] { linear(a, b, Tensor()); }).what();
+  REQUIRE(lin.find("linear") != std::string::npos);
+
+  REQUIRE(error_of([&] {
+            add(a, Tensor::zeros({2, 3}, DType::F64));
+          }).code() == ErrorCode::InvalidArgument);
+  REQUIRE(error_of([&] {
+            embedding(Tensor::from_indices({9}, {1}), Tensor::zeros({8, 2}));
+          }).code() == ErrorCode::InvalidArgument);
+  REQUIRE(error_of([&] { a.size(2); }).code() == ErrorCode::InvalidArgument);
+  REQUIRE(error_of([&] { dropout(a, 1.0, 0); }).code() == ErrorCode::InvalidArgument);
+}
+
+TEST_CASE("mixing devices in one op is an error", "[tensor][errors]") {
+  const Tensor a = Tensor::zeros({2, 2});
+  const Tensor m = Tensor::zeros({2, 2}, DType::F32, Device::Meta);
+  const std::string msg = error_of([&] { add(a, m); }).what();
+  REQUIRE(msg.find("different devices") != std::string::npos);
+}
