@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "parallel/models.h"
+#include "parallel/runner.h"
 #include "parallel/train.h"
 
 namespace commtrace {
@@ -46,6 +47,37 @@ int cmd_train(TrainArgs& a) {
   return 0;
 }
 
+struct VerifyArgs {
+  ParallelConfig cfg;
+  std::string mesh;
+  std::string dtype = "f32";
+  double tolerance = 1e-5;
+};
+
+int cmd_verify(VerifyArgs& a) {
+  if (!a.mesh.empty()) a.cfg.mesh = parse_mesh_shape(a.mesh);
+  a.cfg.module.dtype = parse_dtype(a.dtype);
+  const std::vector<int> shape = mesh_shape(a.cfg);
+  fmt::print(
+      "verify {} plan {} on {} ranks (mesh {}, threads backend) against one device, seed "
+      "{}{}\n",
+      a.cfg.model, a.cfg.plan, a.cfg.world_size, fmt::join(shape, "x"), a.cfg.seed,
+      a.cfg.input_requires_grad ? ", input requires grad" : "");
+  const VerifyReport r = verify(a.cfg, a.tolerance);
+  if (!r.note.empty()) fmt::print("note: {}\n", r.note);
+  std::size_t width = 6;
+  for (const TensorCheck& c : r.checks) width = std::max(width, c.name.size());
+  fmt::print("  {:<{}}  {:>12}  {}\n", "tensor", width, "max rel err", "status");
+  for (const TensorCheck& c : r.checks) {
+    fmt::print("  {:<{}}  {:>12.3e}  {}{}\n", c.name, width, c.max_rel_err,
+               c.pass ? "PASS" : "FAIL", c.factor.empty() ? "" : "  differs by " + c.factor);
+  }
+  const bool ok = r.pass();
+  fmt::print("{}: {} tensors, tolerance {:.0e}\n", ok ? "PASS" : "FAIL", r.checks.size(),
+             a.tolerance);
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace commtrace
 
@@ -81,6 +113,27 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--seed", train_args.opts.seed, "Seed of weights and batch")
       ->capture_default_str();
 
+  VerifyArgs verify_args;
+  auto* verify_cmd = app.add_subcommand(
+      "verify", "Run a model in parallel (threads backend) and on one device; compare");
+  verify_cmd->add_option("--model", verify_args.cfg.model, "Model name")->capture_default_str();
+  verify_cmd->add_option("--plan", verify_args.cfg.plan, "Built-in plan (tp, sp) or plan JSON")
+      ->capture_default_str();
+  verify_cmd->add_option("--world-size", verify_args.cfg.world_size, "Ranks")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  verify_cmd->add_option("--mesh", verify_args.mesh, "Mesh shape: N or DPxTP (e.g. 2x2)");
+  verify_cmd->add_flag("--input-requires-grad", verify_args.cfg.input_requires_grad,
+                       "Make the model input require grad (and compare its gradient)");
+  verify_cmd->add_option("--seed", verify_args.cfg.seed, "Seed of weights and batch")
+      ->capture_default_str();
+  verify_cmd->add_option("--dtype", verify_args.dtype, "f32 or f64")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "f64"}));
+  verify_cmd->add_option("--tolerance", verify_args.tolerance, "Max relative error")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -89,6 +142,7 @@ int main(int argc, char** argv) {
   try {
     if (*models) return cmd_models();
     if (*train_cmd) return cmd_train(train_args);
+    if (*verify_cmd) return cmd_verify(verify_args);
   } catch (const Error& e) {
     fmt::print(stderr, "commtrace: error: {}\n", e.what());
     return 2;

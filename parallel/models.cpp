@@ -150,11 +150,11 @@ ModelEntry dense_entry(
     Generator gen(seed);
     return make(gen, o);
   };
-  e.batch = [rows, in, out](std::uint64_t seed, const ModuleOptions& o) {
+  e.batch = [rows, in, out](std::uint64_t seed, const ModuleOptions& o, std::int64_t scale) {
     Generator gen(seed ^ 0x5eedba7c4ull);
     Batch b;
-    b.input = rand_uniform({rows, in}, 0.0, 1.0, gen, o.dtype, o.device);
-    b.target = randn({rows, out}, gen, o.dtype, o.device);
+    b.input = rand_uniform({rows * scale, in}, 0.0, 1.0, gen, o.dtype, o.device);
+    b.target = randn({rows * scale, out}, gen, o.dtype, o.device);
     return b;
   };
   e.loss = mse;
@@ -182,12 +182,12 @@ std::vector<ModelEntry> build_zoo() {
     Generator gen(seed);
     return std::make_shared<Transformer>(ModelArgs{}, gen, o);
   };
-  t.batch = [](std::uint64_t seed, const ModuleOptions& o) {
+  t.batch = [](std::uint64_t seed, const ModuleOptions& o, std::int64_t scale) {
     Generator gen(seed ^ 0x5eedba7c4ull);
     const ModelArgs a;
     Batch b;
-    b.input = randint({8, 8}, 0, a.vocab_size, gen, o.device);
-    b.target = randint({8, 8}, 0, a.vocab_size, gen, o.device);
+    b.input = randint({8 * scale, 8}, 0, a.vocab_size, gen, o.device);
+    b.target = randint({8 * scale, 8}, 0, a.vocab_size, gen, o.device);
     return b;
   };
   t.loss = [](const Tensor& out, const Batch& b) { return cross_entropy(out, b.target); };

@@ -122,8 +122,9 @@ struct ModelEntry {
   std::string description;  // one line
   std::string input;        // "f32 (20, 10)"
   std::function<std::shared_ptr<Module>(std::uint64_t seed, const ModuleOptions&)> build;
-  // The same batch for the same seed.
-  std::function<Batch(std::uint64_t seed, const ModuleOptions&)> batch;
+  // The same batch for the same seed. `rows` multiplies the leading (batch) dim: a data- or
+  // sequence-parallel run builds the global batch that the ranks then split.
+  std::function<Batch(std::uint64_t seed, const ModuleOptions&, std::int64_t rows)> batch;
   // toy, mlp: mean squared error to a fixed random target; transformer: cross-entropy.
   std::function<Tensor(const Tensor& output, const Batch& batch)> loss;
 };

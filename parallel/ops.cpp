@@ -1,9 +1,12 @@
 #include "parallel/ops.h"
 
 #include <chrono>
+#include <cmath>
+#include <optional>
 
 #include "kernels/cpu.h"
 #include "parallel/autograd.h"
+#include "parallel/sharding.h"
 #include "tracer/tracer.h"
 
 namespace commtrace {
@@ -25,6 +28,16 @@ void by_float(DType dt, F&& f) {
     f(double{});
   } else {
     f(float{});
+  }
+}
+
+// For data movement only (layout ops): i64 moves as its 8 bytes through the double kernels.
+template <class F>
+void by_storage(DType dt, F&& f) {
+  if (dt == DType::F64 || dt == DType::I64) {
+    f(double{});
+  } else {
+    by_float(dt, f);
   }
 }
 
@@ -75,32 +88,57 @@ Split3 split_at(const Shape& shape, int d) {
 
 i64 last_dim(const Tensor& x) { return x.dim() == 0 ? 1 : x.shape().back(); }
 
-Tensor binary_op(cpu::BinaryOp op, const OpDef& def, const Tensor& a, const Tensor& b) {
-  check_same_dtype(a, b, def.name);
-  const Shape shape = broadcast_shapes(a.shape(), b.shape(), def.name);
-  return dispatch(def, {a, b}, [&](const std::vector<Tensor>& in) {
-    Tensor out = empty_as(shape, in[0]);
-    if (run_kernels(out.device())) {
-      by_float(out.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        cpu::binary<T>(op, in[0].data<T>(), in[0].shape(), in[1].data<T>(), in[1].shape(),
-                       out.data<T>(), shape);
-      });
-    }
-    return out;
-  });
+const ShardingRule& linear_pointwise() {
+  static const ShardingRule r = pointwise_rule(true);
+  return r;
+}
+const ShardingRule& nonlinear_pointwise() {
+  static const ShardingRule r = pointwise_rule(false);
+  return r;
 }
 
-// Elementwise unary op with a kernel f(in, out, n).
+// add and sub are linear in their inputs (Partial + Partial stays Partial); mul and div not.
+Tensor binary_op(cpu::BinaryOp op, const OpDef& def, const Tensor& a, const Tensor& b) {
+  check_same_dtype(a, b, def.name);
+  broadcast_shapes(a.shape(), b.shape(), def.name);
+  const bool linear = op == cpu::BinaryOp::Add || op == cpu::BinaryOp::Sub;
+  return dispatch(
+      def, {a, b},
+      [op, name = def.name](const std::vector<Tensor>& in) {
+        const Shape shape = broadcast_shapes(in[0].shape(), in[1].shape(), name);
+        Tensor out = empty_as(shape, in[0]);
+        if (run_kernels(out.device())) {
+          by_float(out.dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            cpu::binary<T>(op, in[0].data<T>(), in[0].shape(), in[1].data<T>(), in[1].shape(),
+                           out.data<T>(), shape);
+          });
+        }
+        return out;
+      },
+      {}, linear ? &linear_pointwise() : &nonlinear_pointwise());
+}
+
+// Elementwise op with a kernel(tag, inputs, out) writing an output shaped like input 0.
 template <class K>
-Tensor unary_op(const OpDef& def, const std::vector<Tensor>& inputs, K kernel) {
-  return dispatch(def, inputs, [&](const std::vector<Tensor>& in) {
-    Tensor out = empty_as(in[0].shape(), in[0]);
-    if (run_kernels(out.device())) {
-      by_float(out.dtype(), [&](auto tag) { kernel(tag, in, out); });
-    }
-    return out;
-  });
+Tensor unary_op(const OpDef& def, const std::vector<Tensor>& inputs, K kernel,
+                const ShardingRule* rule) {
+  return dispatch(
+      def, inputs,
+      [kernel](const std::vector<Tensor>& in) {
+        Tensor out = empty_as(in[0].shape(), in[0]);
+        if (run_kernels(out.device())) {
+          by_float(out.dtype(), [&](auto tag) { kernel(tag, in, out); });
+        }
+        return out;
+      },
+      {}, rule);
+}
+
+// (rows, cols) of a row-wise op over the last dim.
+std::pair<i64, i64> rows_cols(const Tensor& x) {
+  const i64 cols = last_dim(x);
+  return {cols ? x.numel() / cols : 0, cols};
 }
 
 }  // namespace
@@ -128,7 +166,12 @@ int normalize_dim(int dim, int rank, const char* op) {
 }
 
 Tensor dispatch(const OpDef& op, const std::vector<Tensor>& inputs, const Compute& compute,
-                const std::vector<Shape>* recorded_shapes) {
+                const ShapeFn& record_shapes, const ShardingRule* rule) {
+  for (const Tensor& t : inputs) {
+    if (t.defined() && t.impl()->dist) {
+      return dispatch_dtensor(op, inputs, compute, record_shapes, rule);
+    }
+  }
   bool has_bf16 = false;
   const Tensor* first = nullptr;
   for (const Tensor& t : inputs) {
@@ -159,19 +202,22 @@ Tensor dispatch(const OpDef& op, const std::vector<Tensor>& inputs, const Comput
     out = compute(inputs);
   }
 
+  // A local shard keeps its origin through ops that keep its shape (relu, gelu, dropout, ...).
+  if (first && first->impl()->origin && out.shape() == first->shape() && !out.impl()->origin) {
+    out.impl()->origin = first->impl()->origin;
+  }
   if (tracer) {
     OpRecord r;
     r.kind = op.kind;
     r.name = op.name;
     r.overload = op.overload;
     r.dtype = first ? first->dtype() : out.dtype();
-    std::size_t i = 0;
+    const std::vector<Shape> shown = record_shapes ? record_shapes(inputs) : std::vector<Shape>{};
+    std::size_t k = 0;
     for (const Tensor& t : inputs) {
-      if (t.defined()) {
-        const Shape& s = recorded_shapes ? (*recorded_shapes)[i] : t.shape();
-        r.inputs.push_back(TensorMeta{s, s, {}});
-      }
-      ++i;
+      if (!t.defined()) continue;
+      const Shape& s = shown.empty() ? t.shape() : shown[k++];
+      r.inputs.push_back(TensorMeta{s, s, {}});
     }
     r.outputs.push_back(TensorMeta{out.shape(), out.shape(), {}});
     r.time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -186,23 +232,31 @@ Tensor dispatch(const OpDef& op, const std::vector<Tensor>& inputs, const Comput
 
 Tensor ones_like(const Tensor& x) {
   static const OpDef def{"ones_like", "default", EventKind::Compute, false};
-  return dispatch(def, {x}, [&](const std::vector<Tensor>& in) {
-    return Tensor::full(in[0].shape(), 1.0, in[0].dtype(), in[0].device());
-  });
+  static const ShardingRule rule = pointwise_rule(false);
+  return dispatch(
+      def, {x},
+      [](const std::vector<Tensor>& in) {
+        return Tensor::full(in[0].shape(), 1.0, in[0].dtype(), in[0].device());
+      },
+      {}, &rule);
 }
 
 Tensor zeros_like(const Tensor& x) {
   static const OpDef def{"zeros_like", "default", EventKind::Compute, false};
-  return dispatch(def, {x}, [&](const std::vector<Tensor>& in) {
-    return Tensor::zeros(in[0].shape(), in[0].dtype(), in[0].device());
-  });
+  return dispatch(
+      def, {x},
+      [](const std::vector<Tensor>& in) {
+        return Tensor::zeros(in[0].shape(), in[0].dtype(), in[0].device());
+      },
+      {}, &linear_pointwise());
 }
 
 Tensor clone(const Tensor& x) {
   static const OpDef def{"clone", "default", EventKind::Compute, false};
-  Tensor out = dispatch(def, {x}, [&](const std::vector<Tensor>& in) {
-    return convert_untraced(in[0], in[0].dtype());
-  });
+  Tensor out = dispatch(
+      def, {x},
+      [](const std::vector<Tensor>& in) { return convert_untraced(in[0], in[0].dtype()); }, {},
+      &linear_pointwise());
   attach_grad(out, "CloneBackward", {x}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
   return out;
 }
@@ -210,7 +264,8 @@ Tensor clone(const Tensor& x) {
 Tensor to_dtype(const Tensor& x, DType dtype) {
   static const OpDef def{"_to_copy", "default", EventKind::Compute, false};
   Tensor out = dispatch(
-      def, {x}, [&](const std::vector<Tensor>& in) { return convert_untraced(in[0], dtype); });
+      def, {x}, [dtype](const std::vector<Tensor>& in) { return convert_untraced(in[0], dtype); },
+      {}, &linear_pointwise());
   if (is_floating(dtype)) {
     const DType src = x.dtype();
     attach_grad(out, "ToCopyBackward", {x},
@@ -220,6 +275,84 @@ Tensor to_dtype(const Tensor& x, DType dtype) {
 }
 
 // ---------------------------------------------------------------- views and layout
+
+namespace {
+
+// Groups of dims whose products match between two shapes of equal numel: each group is
+// [in_begin, in_end) x [out_begin, out_end). Size-1 dims join the group they stand in.
+struct ViewGroup {
+  int in_begin, in_end, out_begin, out_end;
+};
+std::vector<ViewGroup> view_groups(const Shape& in, const Shape& out) {
+  std::vector<ViewGroup> groups;
+  int i = 0, o = 0;
+  const int ni = int(in.size()), no = int(out.size());
+  while (i < ni || o < no) {
+    ViewGroup g{i, i, o, o};
+    i64 pi = 1, po = 1;
+    do {
+      if (pi <= po && g.in_end < ni) {
+        pi *= in[std::size_t(g.in_end++)];
+      } else if (g.out_end < no) {
+        po *= out[std::size_t(g.out_end++)];
+      } else {
+        pi *= in[std::size_t(g.in_end++)];
+      }
+    } while ((pi != po || g.in_end == g.in_begin || g.out_end == g.out_begin) &&
+             (g.in_end < ni || g.out_end < no));
+    groups.push_back(g);
+    i = g.in_end;
+    o = g.out_end;
+  }
+  return groups;
+}
+
+// A view keeps Shard(d) when d is the outermost non-trivial dim of its group and every rank's
+// chunk of it splits evenly into the group's inner output dims; the shard moves to the group's
+// outermost non-trivial output dim. Otherwise the input is gathered first.
+ShardingRule view_rule(const Shape& in_shape, const Shape& out_shape) {
+  const auto groups = view_groups(in_shape, out_shape);
+  ShardingRule r;
+  r.rule = [=](const std::vector<Tensor>&, const std::vector<Placement>& cur,
+               const DeviceMesh& mesh, int mesh_dim) {
+    const Placement p = cur[0];
+    if (!p.is_shard()) return std::vector<DimStrategy>{{{p}, p}};
+    const Placement R = Placement::replicate();
+    for (const ViewGroup& g : groups) {
+      if (p.dim < g.in_begin || p.dim >= g.in_end) continue;
+      int first_in = g.in_begin, first_out = g.out_begin;
+      while (first_in < g.in_end - 1 && in_shape[std::size_t(first_in)] == 1) ++first_in;
+      while (first_out < g.out_end - 1 && out_shape[std::size_t(first_out)] == 1) ++first_out;
+      if (p.dim != first_in) break;
+      i64 inner_in = 1, inner_out = 1;
+      for (int d = first_in + 1; d < g.in_end; ++d) inner_in *= in_shape[std::size_t(d)];
+      for (int d = first_out + 1; d < g.out_end; ++d) inner_out *= out_shape[std::size_t(d)];
+      // Rank r holds chunk r of dim first_in: chunk * inner_in elements of the group, which
+      // must fill whole rows (inner_out elements each) of the output's first dim.
+      const i64 n = in_shape[std::size_t(first_in)];
+      bool whole = inner_out > 0;
+      for (int r = 0; whole && r < mesh.size(mesh_dim); ++r) {
+        whole = chunk_range(n, mesh.size(mesh_dim), r).size * inner_in % inner_out == 0;
+      }
+      if (!whole) break;
+      return std::vector<DimStrategy>{{{p}, Placement::shard(first_out)}};
+    }
+    return std::vector<DimStrategy>{{{R}, R}};
+  };
+  r.local_compute = [out_shape](const std::vector<Tensor>& in, const Placements& out,
+                                const DeviceMesh& mesh) {
+    Tensor v = in[0].detach();
+    v.impl()->shape = local_shape_of(out_shape, out, mesh);
+    COMMTRACE_CHECK(numel(v.impl()->shape) == in[0].numel(), ErrorCode::ShapeMismatch,
+                    "view: local shard {} cannot be viewed as {} (global {} under {})",
+                    describe(in[0]), shape_str(v.impl()->shape), shape_str(out_shape),
+                    placements_str(out));
+    return v;
+  };
+  return r;
+}
+
+}  // namespace
 
 Tensor view(const Tensor& x, Shape shape) {
   static const OpDef def{"view", "default", EventKind::Trivial, false};
@@ -244,11 +377,16 @@ Tensor view(const Tensor& x, Shape shape) {
   COMMTRACE_CHECK(numel(shape) == x.numel(), ErrorCode::ShapeMismatch,
                   "view: cannot view {} ({} elements) as {}", describe(x), x.numel(),
                   shape_str(shape));
-  Tensor out = dispatch(def, {x}, [&](const std::vector<Tensor>& in) {
-    Tensor v = in[0].detach();
-    v.impl()->shape = shape;
-    return v;
-  });
+  std::optional<ShardingRule> rule;
+  if (x.impl()->dist) rule = view_rule(x.shape(), shape);
+  Tensor out = dispatch(
+      def, {x},
+      [shape](const std::vector<Tensor>& in) {
+        Tensor v = in[0].detach();
+        v.impl()->shape = shape;
+        return v;
+      },
+      {}, rule ? &*rule : nullptr);
   const Shape src = x.shape();
   attach_grad(out, "ViewBackward", {x},
               [src](const Tensor& g) { return std::vector<Tensor>{view(g, src)}; });
@@ -257,21 +395,25 @@ Tensor view(const Tensor& x, Shape shape) {
 
 namespace {
 Tensor transpose_impl(const Tensor& x, int d0, int d1, const OpDef& def) {
-  Shape shape = x.shape();
-  std::swap(shape[std::size_t(d0)], shape[std::size_t(d1)]);
-  Tensor out = dispatch(def, {x}, [&](const std::vector<Tensor>& in) {
-    Tensor o = empty_as(shape, in[0]);
-    if (run_kernels(o.device())) {
-      std::vector<int> perm(std::size_t(in[0].dim()));
-      for (int i = 0; i < in[0].dim(); ++i) perm[std::size_t(i)] = i;
-      std::swap(perm[std::size_t(d0)], perm[std::size_t(d1)]);
-      by_float(o.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        cpu::permute<T>(in[0].data<T>(), in[0].shape(), perm, o.data<T>());
-      });
-    }
-    return o;
-  });
+  const ShardingRule rule = transpose_rule(d0, d1);
+  Tensor out = dispatch(
+      def, {x},
+      [d0, d1](const std::vector<Tensor>& in) {
+        Shape shape = in[0].shape();
+        std::swap(shape[std::size_t(d0)], shape[std::size_t(d1)]);
+        Tensor o = empty_as(shape, in[0]);
+        if (run_kernels(o.device())) {
+          std::vector<int> perm(std::size_t(in[0].dim()));
+          for (int i = 0; i < in[0].dim(); ++i) perm[std::size_t(i)] = i;
+          std::swap(perm[std::size_t(d0)], perm[std::size_t(d1)]);
+          by_storage(o.dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            cpu::permute<T>(in[0].data<T>(), in[0].shape(), perm, o.data<T>());
+          });
+        }
+        return o;
+      },
+      {}, &rule);
   attach_grad(out, "TransposeBackward", {x}, [d0, d1, &def](const Tensor& g) {
     return std::vector<Tensor>{transpose_impl(g, d0, d1, def)};
   });
@@ -301,30 +443,39 @@ Tensor narrow(const Tensor& x, int dim, i64 start, i64 len) {
   COMMTRACE_CHECK(start >= 0 && len >= 0 && start + len <= size, ErrorCode::InvalidArgument,
                   "narrow: [{}, {}) out of range [0, {}] on dim {} of {}", start, start + len, size,
                   dim, describe(x));
-  Shape shape = x.shape();
-  shape[std::size_t(dim)] = len;
-  Tensor out = dispatch(def, {x}, [&](const std::vector<Tensor>& in) {
-    Tensor o = empty_as(shape, in[0]);
-    if (run_kernels(o.device())) {
-      by_float(o.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        cpu::narrow<T>(in[0].data<T>(), in[0].shape(), dim, start, len, o.data<T>());
-      });
-    }
-    return o;
-  });
-  const Shape full = x.shape();
-  attach_grad(out, "SliceBackward", {x}, [full, dim, start](const Tensor& g) {
-    Tensor gx = dispatch(back_def, {g}, [&](const std::vector<Tensor>& in) {
-      Tensor o = Tensor::zeros(full, in[0].dtype(), in[0].device());
-      if (run_kernels(o.device())) {
-        by_float(o.dtype(), [&](auto tag) {
-          using T = decltype(tag);
-          cpu::narrow_scatter<T>(in[0].data<T>(), in[0].shape(), dim, start, o.data<T>(), full);
-        });
-      }
-      return o;
-    });
+  const ShardingRule rule = follow_rule({dim}, true);
+  Tensor out = dispatch(
+      def, {x},
+      [dim, start, len](const std::vector<Tensor>& in) {
+        Shape shape = in[0].shape();
+        shape[std::size_t(dim)] = len;
+        Tensor o = empty_as(shape, in[0]);
+        if (run_kernels(o.device())) {
+          by_storage(o.dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            cpu::narrow<T>(in[0].data<T>(), in[0].shape(), dim, start, len, o.data<T>());
+          });
+        }
+        return o;
+      },
+      {}, &rule);
+  attach_grad(out, "SliceBackward", {x}, [full = size, dim, start, rule](const Tensor& g) {
+    Tensor gx = dispatch(
+        back_def, {g},
+        [&](const std::vector<Tensor>& in) {
+          Shape shape = in[0].shape();
+          shape[std::size_t(dim)] = full;
+          Tensor o = Tensor::zeros(shape, in[0].dtype(), in[0].device());
+          if (run_kernels(o.device())) {
+            by_float(o.dtype(), [&](auto tag) {
+              using T = decltype(tag);
+              cpu::narrow_scatter<T>(in[0].data<T>(), in[0].shape(), dim, start, o.data<T>(),
+                                     shape);
+            });
+          }
+          return o;
+        },
+        {}, &rule);
     return std::vector<Tensor>{gx};
   });
   return out;
@@ -334,8 +485,6 @@ Tensor cat(const std::vector<Tensor>& xs, int dim) {
   static const OpDef def{"cat", "default", EventKind::Compute};
   COMMTRACE_CHECK(!xs.empty(), ErrorCode::InvalidArgument, "cat: no tensors");
   dim = normalize_dim(dim, xs[0].dim(), "cat");
-  Shape shape = xs[0].shape();
-  shape[std::size_t(dim)] = 0;
   std::vector<i64> sizes;
   for (const Tensor& x : xs) {
     check_same_dtype(xs[0], x, "cat");
@@ -346,22 +495,28 @@ Tensor cat(const std::vector<Tensor>& xs, int dim) {
     COMMTRACE_CHECK(fits, ErrorCode::ShapeMismatch, "cat: {} does not fit {} along dim {}",
                     describe(x), describe(xs[0]), dim);
     sizes.push_back(x.shape()[std::size_t(dim)]);
-    shape[std::size_t(dim)] += sizes.back();
   }
-  Tensor out = dispatch(def, xs, [&](const std::vector<Tensor>& in) {
-    Tensor o = empty_as(shape, in[0]);
-    if (run_kernels(o.device())) {
-      by_float(o.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        i64 start = 0;
-        for (const Tensor& x : in) {
-          cpu::narrow_scatter<T>(x.data<T>(), x.shape(), dim, start, o.data<T>(), shape);
-          start += x.shape()[std::size_t(dim)];
+  const ShardingRule rule = follow_rule({dim}, true);
+  Tensor out = dispatch(
+      def, xs,
+      [dim](const std::vector<Tensor>& in) {
+        Shape shape = in[0].shape();
+        shape[std::size_t(dim)] = 0;
+        for (const Tensor& x : in) shape[std::size_t(dim)] += x.shape()[std::size_t(dim)];
+        Tensor o = empty_as(shape, in[0]);
+        if (run_kernels(o.device())) {
+          by_storage(o.dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            i64 start = 0;
+            for (const Tensor& x : in) {
+              cpu::narrow_scatter<T>(x.data<T>(), x.shape(), dim, start, o.data<T>(), shape);
+              start += x.shape()[std::size_t(dim)];
+            }
+          });
         }
-      });
-    }
-    return o;
-  });
+        return o;
+      },
+      {}, &rule);
   attach_grad(out, "CatBackward", xs, [sizes, dim](const Tensor& g) {
     std::vector<Tensor> grads;
     i64 start = 0;
@@ -378,18 +533,29 @@ Tensor expand(const Tensor& x, const Shape& shape) {
   static const OpDef def{"expand", "default", EventKind::Compute};
   COMMTRACE_CHECK(broadcast_shapes(x.shape(), shape, "expand") == shape, ErrorCode::ShapeMismatch,
                   "expand: {} cannot expand to {}", describe(x), shape_str(shape));
-  Tensor out = dispatch(def, {x}, [&](const std::vector<Tensor>& in) {
-    Tensor o = empty_as(shape, in[0]);
-    if (run_kernels(o.device())) {
-      by_float(o.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        const T zero = 0;  // broadcast copy: x + 0 over the target shape
-        cpu::binary<T>(cpu::BinaryOp::Add, in[0].data<T>(), in[0].shape(), &zero, Shape{},
-                       o.data<T>(), shape);
-      });
-    }
-    return o;
-  });
+  const int added = int(shape.size()) - x.dim();
+  const ShardingRule rule = expand_rule(added);
+  Tensor out = dispatch(
+      def, {x},
+      [shape, added](const std::vector<Tensor>& in) {
+        // A dim the input holds whole (not broadcast) keeps its local size.
+        Shape local = shape;
+        for (int d = 0; d < in[0].dim(); ++d) {
+          const i64 s = in[0].shape()[std::size_t(d)];
+          if (s != 1) local[std::size_t(d + added)] = s;
+        }
+        Tensor o = empty_as(local, in[0]);
+        if (run_kernels(o.device())) {
+          by_float(o.dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            const T zero = 0;  // broadcast copy: x + 0 over the target shape
+            cpu::binary<T>(cpu::BinaryOp::Add, in[0].data<T>(), in[0].shape(), &zero, Shape{},
+                           o.data<T>(), local);
+          });
+        }
+        return o;
+      },
+      {}, &rule);
   const Shape src = x.shape();
   attach_grad(out, "ExpandBackward", {x},
               [src](const Tensor& g) { return std::vector<Tensor>{sum_to(g, src)}; });
@@ -402,16 +568,44 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   COMMTRACE_CHECK(broadcast_shapes(shape, x.shape(), "sum_to") == x.shape(),
                   ErrorCode::ShapeMismatch, "sum_to: {} does not reduce to {}", describe(x),
                   shape_str(shape));
-  Tensor out = dispatch(def, {x}, [&](const std::vector<Tensor>& in) {
-    Tensor o = empty_as(shape, in[0]);
-    if (run_kernels(o.device())) {
-      by_float(o.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        cpu::sum_to<T>(in[0].data<T>(), in[0].shape(), o.data<T>(), shape);
-      });
+  // Reduced dims of x: the leading ones target lacks (dropped) and the size-1 ones (kept).
+  const int added = x.dim() - int(shape.size());
+  std::vector<int> reduced;
+  for (int d = 0; d < x.dim(); ++d) {
+    if (d < added || (shape[std::size_t(d - added)] == 1 && x.shape()[std::size_t(d)] != 1)) {
+      reduced.push_back(d);
     }
-    return o;
-  });
+  }
+  ShardingRule rule = reduce_rule(reduced, true);
+  if (added > 0) {
+    // Leading dims are dropped: shift the kept shards left by `added`.
+    rule.rule = [inner = reduce_rule(reduced, true).rule, added](
+                    const std::vector<Tensor>& in, const std::vector<Placement>& cur,
+                    const DeviceMesh& mesh, int mesh_dim) {
+      auto s = inner(in, cur, mesh, mesh_dim);
+      for (auto& c : s) {
+        if (c.output.is_shard()) c.output.dim -= added;
+      }
+      return s;
+    };
+  }
+  Tensor out = dispatch(
+      def, {x},
+      [shape, added](const std::vector<Tensor>& in) {
+        Shape local = shape;
+        for (std::size_t d = 0; d < shape.size(); ++d) {
+          if (shape[d] != 1) local[d] = in[0].shape()[d + std::size_t(added)];
+        }
+        Tensor o = empty_as(local, in[0]);
+        if (run_kernels(o.device())) {
+          by_float(o.dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            cpu::sum_to<T>(in[0].data<T>(), in[0].shape(), o.data<T>(), local);
+          });
+        }
+        return o;
+      },
+      {}, &rule);
   const Shape src = x.shape();
   attach_grad(out, "SumToBackward", {x},
               [src](const Tensor& g) { return std::vector<Tensor>{expand(g, src)}; });
@@ -419,6 +613,15 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 }
 
 // ---------------------------------------------------------------- GEMM
+
+namespace {
+// Logical op(x) shape: the last two dims swapped when transposed.
+Shape op_shape(const Shape& s, bool trans) {
+  Shape o = s;
+  if (trans) std::swap(o[o.size() - 2], o[o.size() - 1]);
+  return o;
+}
+}  // namespace
 
 Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& bias, bool trans_a, bool trans_b) {
   static const OpDef mm_def{"mm", "default", EventKind::Gemm};
@@ -429,44 +632,49 @@ Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& bias, bool trans_a, 
                   "gemm: expected two 2-d or two 3-d tensors, got {} and {}", describe(a),
                   describe(b));
   check_same_dtype(a, b, "gemm");
-  const char* name = rank == 3 ? "bmm" : bias.defined() ? "addmm" : "mm";
-  const i64 batch = rank == 3 ? a.size(0) : 1;
-  COMMTRACE_CHECK(rank == 2 || b.size(0) == batch, ErrorCode::ShapeMismatch,
+  const bool has_bias = bias.defined();
+  const char* name = rank == 3 ? "bmm" : has_bias ? "addmm" : "mm";
+  const Shape op_a = op_shape(a.shape(), trans_a), op_b = op_shape(b.shape(), trans_b);
+  COMMTRACE_CHECK(rank == 2 || op_a[0] == op_b[0], ErrorCode::ShapeMismatch,
                   "bmm: batch sizes differ: {} and {}", describe(a), describe(b));
-  const i64 ar = a.size(-2), ac = a.size(-1), br = b.size(-2), bc = b.size(-1);
-  const i64 m = trans_a ? ac : ar, k = trans_a ? ar : ac;
-  const i64 kb = trans_b ? bc : br, n = trans_b ? br : bc;
-  Shape op_a = rank == 3 ? Shape{batch, m, k} : Shape{m, k};
-  Shape op_b = rank == 3 ? Shape{batch, kb, n} : Shape{kb, n};
-  COMMTRACE_CHECK(k == kb, ErrorCode::ShapeMismatch,
+  COMMTRACE_CHECK(op_a.back() == op_b[op_b.size() - 2], ErrorCode::ShapeMismatch,
                   "{}: cannot multiply {} by {} (inner dims {} and {})", name, shape_str(op_a),
-                  shape_str(op_b), k, kb);
-  Shape out_shape = rank == 3 ? Shape{batch, m, n} : Shape{m, n};
+                  shape_str(op_b), op_a.back(), op_b[op_b.size() - 2]);
   std::vector<Tensor> inputs{a, b};
-  std::vector<Shape> recorded{op_a, op_b};
-  if (bias.defined()) {
+  if (has_bias) {
     COMMTRACE_CHECK(rank == 2, ErrorCode::InvalidArgument, "bmm: no bias");
     check_same_dtype(a, bias, "addmm");
     const Shape& bs = bias.shape();
+    const i64 m = op_a[0], n = op_b[1];
     COMMTRACE_CHECK((bs == Shape{n} || bs == Shape{1, n} || bs == Shape{m, n}),
-                    ErrorCode::ShapeMismatch, "addmm: bias {} does not broadcast to {}",
-                    describe(bias), shape_str(out_shape));
+                    ErrorCode::ShapeMismatch, "addmm: bias {} does not broadcast to [{}, {}]",
+                    describe(bias), m, n);
     inputs.insert(inputs.begin(), bias);
-    recorded.insert(recorded.begin(), bs);
   }
-  const OpDef& def = rank == 3 ? bmm_def : bias.defined() ? addmm_def : mm_def;
+  const OpDef& def = rank == 3 ? bmm_def : has_bias ? addmm_def : mm_def;
+  const ShardingRule rule = matmul_rule(rank, trans_a, trans_b, has_bias);
+  const auto shapes = [=](const std::vector<Tensor>& in) {
+    std::vector<Shape> out;
+    if (has_bias) out.push_back(in[0].shape());
+    out.push_back(op_shape(in[has_bias ? 1 : 0].shape(), trans_a));
+    out.push_back(op_shape(in[has_bias ? 2 : 1].shape(), trans_b));
+    return out;
+  };
   return dispatch(
       def, inputs,
-      [&](const std::vector<Tensor>& in) {
-        const Tensor& A = in[bias.defined() ? 1 : 0];
-        const Tensor& B = in[bias.defined() ? 2 : 1];
-        Tensor o = empty_as(out_shape, A);
+      [=](const std::vector<Tensor>& in) {
+        const Tensor& A = in[has_bias ? 1 : 0];
+        const Tensor& B = in[has_bias ? 2 : 1];
+        const i64 batch = rank == 3 ? A.size(0) : 1;
+        const i64 ar = A.size(-2), ac = A.size(-1), br = B.size(-2), bc = B.size(-1);
+        const i64 m = trans_a ? ac : ar, k = trans_a ? ar : ac, n = trans_b ? br : bc;
+        Tensor o = empty_as(rank == 3 ? Shape{batch, m, n} : Shape{m, n}, A);
         if (!run_kernels(o.device())) return o;
         by_float(o.dtype(), [&](auto tag) {
           using T = decltype(tag);
           T* c = o.data<T>();
           T beta = 0;
-          if (bias.defined()) {
+          if (has_bias) {
             const T* pb = in[0].data<T>();
             const bool full = in[0].numel() == m * n;
             for (i64 i = 0; i < m; ++i) {
@@ -481,11 +689,11 @@ Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& bias, bool trans_a, 
         });
         return o;
       },
-      &recorded);
+      shapes, &rule);
 }
 
 namespace {
-// The backward of out = op(a) @ op(b) for the plain (untransposed) products mm and bmm.
+// The backward of out = a @ b for the plain (untransposed) products mm and bmm.
 std::vector<Tensor> matmul_backward(const Tensor& g, const Tensor& a, const Tensor& b, bool need_a,
                                     bool need_b) {
   return {need_a ? gemm(g, b, Tensor(), false, true) : Tensor(),
@@ -599,10 +807,13 @@ Tensor div(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, double s) {
   static const OpDef def{"mul", "Scalar", EventKind::Compute};
-  Tensor out = unary_op(def, {a}, [s](auto tag, const std::vector<Tensor>& in, Tensor& o) {
-    using T = decltype(tag);
-    cpu::scale<T>(in[0].data<T>(), T(s), o.data<T>(), o.numel());
-  });
+  Tensor out = unary_op(
+      def, {a},
+      [s](auto tag, const std::vector<Tensor>& in, Tensor& o) {
+        using T = decltype(tag);
+        cpu::scale<T>(in[0].data<T>(), T(s), o.data<T>(), o.numel());
+      },
+      &linear_pointwise());
   attach_grad(out, "MulBackward", {a},
               [s](const Tensor& g) { return std::vector<Tensor>{mul(g, s)}; });
   return out;
@@ -610,10 +821,13 @@ Tensor mul(const Tensor& a, double s) {
 
 Tensor add(const Tensor& a, double s) {
   static const OpDef def{"add", "Scalar", EventKind::Compute};
-  Tensor out = unary_op(def, {a}, [s](auto tag, const std::vector<Tensor>& in, Tensor& o) {
-    using T = decltype(tag);
-    cpu::add_scalar<T>(in[0].data<T>(), T(s), o.data<T>(), o.numel());
-  });
+  Tensor out = unary_op(
+      def, {a},
+      [s](auto tag, const std::vector<Tensor>& in, Tensor& o) {
+        using T = decltype(tag);
+        cpu::add_scalar<T>(in[0].data<T>(), T(s), o.data<T>(), o.numel());
+      },
+      &nonlinear_pointwise());
   attach_grad(out, "AddBackward", {a}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
   return out;
 }
@@ -621,16 +835,21 @@ Tensor add(const Tensor& a, double s) {
 Tensor relu(const Tensor& x) {
   static const OpDef def{"relu", "default", EventKind::Compute};
   static const OpDef back{"threshold_backward", "default", EventKind::Compute};
-  Tensor out = unary_op(def, {x}, [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
-    using T = decltype(tag);
-    cpu::relu_forward<T>(in[0].data<T>(), o.data<T>(), o.numel());
-  });
+  Tensor out = unary_op(
+      def, {x},
+      [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
+        using T = decltype(tag);
+        cpu::relu_forward<T>(in[0].data<T>(), o.data<T>(), o.numel());
+      },
+      &nonlinear_pointwise());
   attach_grad(out, "ReluBackward", {x}, [x](const Tensor& g) {
-    return std::vector<Tensor>{
-        unary_op(back, {g, x}, [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
+    return std::vector<Tensor>{unary_op(
+        back, {g, x},
+        [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
           using T = decltype(tag);
           cpu::relu_backward<T>(in[0].data<T>(), in[1].data<T>(), o.data<T>(), o.numel());
-        })};
+        },
+        &nonlinear_pointwise())};
   });
   return out;
 }
@@ -638,16 +857,21 @@ Tensor relu(const Tensor& x) {
 Tensor gelu(const Tensor& x) {
   static const OpDef def{"gelu", "default", EventKind::Compute};
   static const OpDef back{"gelu_backward", "default", EventKind::Compute};
-  Tensor out = unary_op(def, {x}, [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
-    using T = decltype(tag);
-    cpu::gelu_forward<T>(in[0].data<T>(), o.data<T>(), o.numel());
-  });
+  Tensor out = unary_op(
+      def, {x},
+      [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
+        using T = decltype(tag);
+        cpu::gelu_forward<T>(in[0].data<T>(), o.data<T>(), o.numel());
+      },
+      &nonlinear_pointwise());
   attach_grad(out, "GeluBackward", {x}, [x](const Tensor& g) {
-    return std::vector<Tensor>{
-        unary_op(back, {g, x}, [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
+    return std::vector<Tensor>{unary_op(
+        back, {g, x},
+        [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
           using T = decltype(tag);
           cpu::gelu_backward<T>(in[0].data<T>(), in[1].data<T>(), o.data<T>(), o.numel());
-        })};
+        },
+        &nonlinear_pointwise())};
   });
   return out;
 }
@@ -659,12 +883,22 @@ Tensor dropout(const Tensor& x, double p, std::uint64_t seed) {
                   "dropout: p = {} out of range [0, 1)", p);
   if (p == 0.0) return x;
   Tensor mask;
-  Tensor out = unary_op(def, {x}, [&](auto tag, const std::vector<Tensor>& in, Tensor& o) {
-    using T = decltype(tag);
-    mask = empty_as(o.shape(), o);
-    cpu::dropout_forward<T>(in[0].data<T>(), o.data<T>(), mask.data<T>(), o.numel(), T(p), seed);
-  });
-  if (!mask.defined()) mask = empty_as(x.shape(), out);  // meta: shape only
+  Tensor out = unary_op(
+      def, {x},
+      [&mask, p, seed](auto tag, const std::vector<Tensor>& in, Tensor& o) {
+        using T = decltype(tag);
+        mask = empty_as(o.shape(), o);
+        cpu::dropout_forward<T>(in[0].data<T>(), o.data<T>(), mask.data<T>(), o.numel(), T(p),
+                                seed);
+      },
+      &nonlinear_pointwise());
+  // The mask is the local one (each shard draws its own); meta gets a shape-only mask.
+  Tensor local_out = is_dtensor(out) ? dist_of(out).local : out;
+  if (!mask.defined() || mask.shape() != local_out.shape()) {
+    mask = Tensor::zeros(local_out.shape(), local_out.dtype(), local_out.device());
+  }
+  mask =
+      wrap_like(mask, out, out.shape(), is_dtensor(out) ? dist_of(out).placements : Placements{});
   attach_grad(out, "NativeDropoutBackward", {x}, [mask](const Tensor& g) {
     return std::vector<Tensor>{binary_op(cpu::BinaryOp::Mul, back, g, to_dtype(mask, g.dtype()))};
   });
@@ -673,20 +907,34 @@ Tensor dropout(const Tensor& x, double p, std::uint64_t seed) {
 
 // ---------------------------------------------------------------- normalization, attention
 
+namespace {
+// Row-wise ops over the last dim keep other shards; the last dim must be whole.
+const ShardingRule& last_dim_rule() {
+  static const ShardingRule r = follow_rule({-1}, false);
+  return r;
+}
+}  // namespace
+
 Tensor softmax(const Tensor& x) {
   static const OpDef def{"_softmax", "default", EventKind::Compute};
   static const OpDef back{"_softmax_backward_data", "default", EventKind::Compute};
-  const i64 cols = last_dim(x), rows = cols ? x.numel() / cols : 0;
-  Tensor out = unary_op(def, {x}, [&](auto tag, const std::vector<Tensor>& in, Tensor& o) {
-    using T = decltype(tag);
-    cpu::softmax_forward<T>(in[0].data<T>(), o.data<T>(), rows, cols);
-  });
-  attach_grad(out, "SoftmaxBackward", {x}, [y = out.detach(), rows, cols](const Tensor& g) {
-    return std::vector<Tensor>{
-        unary_op(back, {g, y}, [&](auto tag, const std::vector<Tensor>& in, Tensor& o) {
+  Tensor out = unary_op(
+      def, {x},
+      [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
+        using T = decltype(tag);
+        const auto [rows, cols] = rows_cols(in[0]);
+        cpu::softmax_forward<T>(in[0].data<T>(), o.data<T>(), rows, cols);
+      },
+      &last_dim_rule());
+  attach_grad(out, "SoftmaxBackward", {x}, [y = out.detach()](const Tensor& g) {
+    return std::vector<Tensor>{unary_op(
+        back, {g, y},
+        [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
           using T = decltype(tag);
+          const auto [rows, cols] = rows_cols(in[0]);
           cpu::softmax_backward<T>(in[0].data<T>(), in[1].data<T>(), o.data<T>(), rows, cols);
-        })};
+        },
+        &last_dim_rule())};
   });
   return out;
 }
@@ -694,7 +942,11 @@ Tensor softmax(const Tensor& x) {
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   static const OpDef def{"native_layer_norm", "default", EventKind::Compute};
   static const OpDef back{"native_layer_norm_backward", "default", EventKind::Compute};
-  const i64 cols = last_dim(x), rows = cols ? x.numel() / cols : 0;
+  static const ShardingRule fwd_rule = follow_rule({-1}, false);
+  static const ShardingRule back_rule = follow_rule({-1}, false, /*prefix=*/true);
+  const i64 cols = last_dim(x);
+  COMMTRACE_CHECK(x.dim() >= 1, ErrorCode::ShapeMismatch, "layer_norm: input {} is 0-d",
+                  describe(x));
   for (const Tensor* p : {&weight, &bias}) {
     if (!p->defined()) continue;
     COMMTRACE_CHECK(p->shape() == Shape{cols}, ErrorCode::ShapeMismatch,
@@ -702,83 +954,168 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                     describe(*p), cols, describe(x));
     check_same_dtype(x, *p, "layer_norm");
   }
-  // Saved statistics are f32 for f32/bf16 inputs and f64 for f64 inputs.
+  // mean and rstd (x.shape[:-1]) are saved in the compute dtype (f32 for f32/bf16).
   Tensor mean, rstd;
-  Tensor out = dispatch(def, {x, weight, bias}, [&](const std::vector<Tensor>& in) {
-    Tensor o = empty_as(in[0].shape(), in[0]);
-    mean = Tensor::empty({rows}, o.dtype(), o.device());
-    rstd = Tensor::empty({rows}, o.dtype(), o.device());
-    if (run_kernels(o.device())) {
-      by_float(o.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        cpu::layernorm_forward<T>(in[0].data<T>(), in[1].defined() ? in[1].data<T>() : nullptr,
-                                  in[2].defined() ? in[2].data<T>() : nullptr, o.data<T>(),
-                                  mean.data<T>(), rstd.data<T>(), rows, cols, T(eps));
-      });
-    }
-    return o;
-  });
-  attach_grad(
-      out, "NativeLayerNormBackward", {x, weight, bias},
-      [x, weight, has_bias = bias.defined(), mean, rstd, rows, cols](const Tensor& g) {
-        Tensor gw, gb;
-        Tensor gx = dispatch(back, {g, x, weight, mean, rstd}, [&](const std::vector<Tensor>& in) {
-          Tensor o = empty_as(in[0].shape(), in[0]);
-          const bool affine = in[2].defined();
-          if (affine) gw = Tensor::zeros({cols}, o.dtype(), o.device());
-          if (has_bias) gb = Tensor::zeros({cols}, o.dtype(), o.device());
-          if (run_kernels(o.device())) {
-            by_float(o.dtype(), [&](auto tag) {
-              using T = decltype(tag);
-              cpu::layernorm_backward<T>(
-                  in[0].data<T>(), in[1].data<T>(), affine ? in[2].data<T>() : nullptr,
-                  in[3].data<T>(), in[4].data<T>(), o.data<T>(), affine ? gw.data<T>() : nullptr,
-                  has_bias ? gb.data<T>() : nullptr, rows, cols);
-            });
-          }
-          return o;
-        });
-        // Affine gradients come back in the dispatch dtype; match the parameters' dtype.
-        if (gw.defined() && gw.dtype() != weight.dtype()) gw = to_dtype(gw, weight.dtype());
-        if (gb.defined() && gb.dtype() != g.dtype()) gb = to_dtype(gb, g.dtype());
-        return std::vector<Tensor>{gx, gw, gb};
-      });
+  Tensor out = dispatch(
+      def, {x, weight, bias},
+      [&mean, &rstd, eps](const std::vector<Tensor>& in) {
+        const auto [rows, cols] = rows_cols(in[0]);
+        Shape stat_shape(in[0].shape().begin(), in[0].shape().end() - 1);
+        Tensor o = empty_as(in[0].shape(), in[0]);
+        mean = Tensor::empty(stat_shape, o.dtype(), o.device());
+        rstd = Tensor::empty(stat_shape, o.dtype(), o.device());
+        if (run_kernels(o.device())) {
+          by_float(o.dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            cpu::layernorm_forward<T>(in[0].data<T>(), in[1].defined() ? in[1].data<T>() : nullptr,
+                                      in[2].defined() ? in[2].data<T>() : nullptr, o.data<T>(),
+                                      mean.data<T>(), rstd.data<T>(), rows, cols, T(eps));
+          });
+        }
+        return o;
+      },
+      {}, &fwd_rule);
+  if (is_dtensor(out)) {
+    const Shape stat_global(x.shape().begin(), x.shape().end() - 1);
+    mean = wrap_like(mean, out, stat_global, dist_of(out).placements);
+    rstd = wrap_like(rstd, out, stat_global, dist_of(out).placements);
+  }
+  attach_grad(out, "NativeLayerNormBackward", {x, weight, bias},
+              [x, weight, has_bias = bias.defined(), mean, rstd](const Tensor& g) {
+                Tensor gw, gb;
+                Tensor gx = dispatch(
+                    back, {g, x, weight, mean, rstd},
+                    [&](const std::vector<Tensor>& in) {
+                      const auto [rows, cols] = rows_cols(in[0]);
+                      Tensor o = empty_as(in[0].shape(), in[0]);
+                      const bool affine = in[2].defined();
+                      gw = affine ? Tensor::zeros({cols}, o.dtype(), o.device()) : Tensor();
+                      gb = has_bias ? Tensor::zeros({cols}, o.dtype(), o.device()) : Tensor();
+                      if (run_kernels(o.device())) {
+                        by_float(o.dtype(), [&](auto tag) {
+                          using T = decltype(tag);
+                          cpu::layernorm_backward<T>(in[0].data<T>(), in[1].data<T>(),
+                                                     affine ? in[2].data<T>() : nullptr,
+                                                     in[3].data<T>(), in[4].data<T>(), o.data<T>(),
+                                                     affine ? gw.data<T>() : nullptr,
+                                                     has_bias ? gb.data<T>() : nullptr, rows, cols);
+                        });
+                      }
+                      return o;
+                    },
+                    {}, &back_rule);
+                // Affine gradients of a sharded input are partial sums over its rows.
+                if (is_dtensor(gx)) {
+                  Placements pl = dist_of(gx).placements;
+                  for (Placement& p : pl) p = p.is_shard() ? Placement::partial() : p;
+                  if (gw.defined()) gw = wrap_like(gw, gx, weight.shape(), pl);
+                  if (gb.defined()) gb = wrap_like(gb, gx, weight.shape(), pl);
+                }
+                if (gw.defined() && gw.dtype() != weight.dtype()) gw = to_dtype(gw, weight.dtype());
+                if (gb.defined() && gb.dtype() != g.dtype()) gb = to_dtype(gb, g.dtype());
+                return std::vector<Tensor>{gx, gw, gb};
+              });
   return out;
 }
 
-Tensor embedding(const Tensor& idx, const Tensor& weight) {
-  static const OpDef def{"embedding", "default", EventKind::Compute};
-  static const OpDef back{"embedding_dense_backward", "default", EventKind::Compute};
-  COMMTRACE_CHECK(idx.dtype() == DType::I64, ErrorCode::InvalidArgument,
-                  "embedding: indices must be i64, got {}", describe(idx));
-  COMMTRACE_CHECK(weight.dim() == 2, ErrorCode::ShapeMismatch, "embedding: weight {} is not 2-d",
-                  describe(weight));
-  const i64 vocab = weight.size(0), dim = weight.size(1), n = idx.numel();
-  Shape shape = idx.shape();
-  shape.push_back(dim);
-  Tensor out = dispatch(def, {weight, idx}, [&](const std::vector<Tensor>& in) {
+namespace {
+// embedding(weight, idx): a row-sharded (vocab) table gives a Partial masked lookup; a
+// column-sharded one shards the output's last dim; a replicated one follows the indices.
+ShardingRule embedding_rule(i64 vocab) {
+  ShardingRule r;
+  r.rule = [](const std::vector<Tensor>& in, const std::vector<Placement>& cur, const DeviceMesh&,
+              int) {
+    const Placement w = cur[0], idx = cur[1];
+    const Placement R = Placement::replicate();
+    if (w.is_shard(0)) return std::vector<DimStrategy>{{{w, R}, Placement::partial()}};
+    if (w.is_shard(1)) return std::vector<DimStrategy>{{{w, R}, Placement::shard(in[1].dim())}};
+    if (idx.is_shard()) return std::vector<DimStrategy>{{{R, idx}, idx}};
+    return std::vector<DimStrategy>{{{R, R}, R}};
+  };
+  r.local_compute = [vocab](const std::vector<Tensor>& in, const Placements& out,
+                            const DeviceMesh& mesh) {
+    // The local table holds rows [begin, begin + rows) of the full one when row-sharded.
+    i64 begin = 0, rows = vocab;
+    for (int d = 0; d < mesh.ndim(); ++d) {
+      if (!out[std::size_t(d)].is_partial()) continue;
+      const ChunkRange c = chunk_range(rows, mesh.size(d), mesh.coordinate(d));
+      begin += c.begin;
+      rows = c.size;
+    }
+    const i64 dim = in[0].size(1), n = in[1].numel();
+    Shape shape = in[1].shape();
+    shape.push_back(dim);
     Tensor o = empty_as(shape, in[0]);
     if (run_kernels(o.device())) {
       by_float(o.dtype(), [&](auto tag) {
         using T = decltype(tag);
-        cpu::embedding_forward<T>(in[1].data<i64>(), n, in[0].data<T>(), 0, vocab, vocab, dim,
+        cpu::embedding_forward<T>(in[1].data<i64>(), n, in[0].data<T>(), begin, rows, vocab, dim,
                                   o.data<T>());
       });
     }
     return o;
-  });
-  attach_grad(out, "EmbeddingBackward", {weight}, [idx, vocab, dim, n](const Tensor& g) {
-    Tensor gw = dispatch(back, {g, idx}, [&](const std::vector<Tensor>& in) {
-      Tensor o = Tensor::zeros({vocab, dim}, in[0].dtype(), in[0].device());
-      if (run_kernels(o.device())) {
-        by_float(o.dtype(), [&](auto tag) {
-          using T = decltype(tag);
-          cpu::embedding_backward<T>(in[0].data<T>(), in[1].data<i64>(), n, o.data<T>(), 0, vocab,
-                                     dim);
-        });
-      }
-      return o;
-    });
+  };
+  return r;
+}
+
+// embedding_dense_backward(g, idx): indices sharded like g's leading dims give partial sums.
+ShardingRule embedding_backward_rule() {
+  ShardingRule r;
+  r.rule = [](const std::vector<Tensor>& in, const std::vector<Placement>& cur, const DeviceMesh&,
+              int) {
+    const Placement g = cur[0], idx = cur[1], R = Placement::replicate();
+    if (g.is_shard() && g == idx && g.dim < in[1].dim()) {
+      return std::vector<DimStrategy>{{{g, idx}, Placement::partial()}, {{R, R}, R}};
+    }
+    return std::vector<DimStrategy>{{{R, R}, R}};
+  };
+  return r;
+}
+}  // namespace
+
+Tensor embedding(const Tensor& idx, const Tensor& weight) {
+  static const OpDef def{"embedding", "default", EventKind::Compute};
+  static const OpDef back{"embedding_dense_backward", "default", EventKind::Compute};
+  static const ShardingRule back_rule = embedding_backward_rule();
+  COMMTRACE_CHECK(idx.dtype() == DType::I64, ErrorCode::InvalidArgument,
+                  "embedding: indices must be i64, got {}", describe(idx));
+  COMMTRACE_CHECK(weight.dim() == 2, ErrorCode::ShapeMismatch, "embedding: weight {} is not 2-d",
+                  describe(weight));
+  const i64 vocab = weight.size(0);
+  const ShardingRule rule = embedding_rule(vocab);
+  Tensor out = dispatch(
+      def, {weight, idx},
+      [vocab](const std::vector<Tensor>& in) {
+        const i64 dim = in[0].size(1), n = in[1].numel();
+        Shape shape = in[1].shape();
+        shape.push_back(dim);
+        Tensor o = empty_as(shape, in[0]);
+        if (run_kernels(o.device())) {
+          by_float(o.dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            cpu::embedding_forward<T>(in[1].data<i64>(), n, in[0].data<T>(), 0, vocab, vocab, dim,
+                                      o.data<T>());
+          });
+        }
+        return o;
+      },
+      {}, &rule);
+  attach_grad(out, "EmbeddingBackward", {weight}, [idx, vocab](const Tensor& g) {
+    Tensor gw = dispatch(
+        back, {g, idx},
+        [vocab](const std::vector<Tensor>& in) {
+          const i64 dim = in[0].size(-1), n = in[1].numel();
+          Tensor o = Tensor::zeros({vocab, dim}, in[0].dtype(), in[0].device());
+          if (run_kernels(o.device())) {
+            by_float(o.dtype(), [&](auto tag) {
+              using T = decltype(tag);
+              cpu::embedding_backward<T>(in[0].data<T>(), in[1].data<i64>(), n, o.data<T>(), 0,
+                                         vocab, dim);
+            });
+          }
+          return o;
+        },
+        {}, &back_rule);
     return std::vector<Tensor>{gw};
   });
   return out;
@@ -790,6 +1127,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                          EventKind::Compute};
   static const OpDef back{"_scaled_dot_product_flash_attention_for_cpu_backward", "default",
                           EventKind::Compute};
+  // Batch and heads may be sharded; sequence and head dims must be whole.
+  static const ShardingRule rule = follow_rule({2, 3}, false);
   COMMTRACE_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(),
                   ErrorCode::ShapeMismatch,
                   "scaled_dot_product_attention: q, k, v must share one (B, H, T, D) shape, got "
@@ -797,38 +1136,56 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                   describe(q), describe(k), describe(v));
   check_same_dtype(q, k, "scaled_dot_product_attention");
   check_same_dtype(q, v, "scaled_dot_product_attention");
-  const i64 bh = q.size(0) * q.size(1), tt = q.size(2), d = q.size(3);
-  const double scale = 1.0 / std::sqrt(double(d));
+  const double scale = 1.0 / std::sqrt(double(q.size(3)));
+  // probs (B, H, T, T) are saved for backward.
   Tensor probs;
-  Tensor out = dispatch(def, {q, k, v}, [&](const std::vector<Tensor>& in) {
-    Tensor o = empty_as(in[0].shape(), in[0]);
-    probs = Tensor::empty({bh, tt, tt}, o.dtype(), o.device());
-    if (run_kernels(o.device())) {
-      by_float(o.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        cpu::attention_forward<T>(in[0].data<T>(), in[1].data<T>(), in[2].data<T>(), o.data<T>(),
-                                  probs.data<T>(), bh, tt, d, T(scale), causal);
-      });
-    }
-    return o;
-  });
+  Tensor out = dispatch(
+      def, {q, k, v},
+      [&probs, scale, causal](const std::vector<Tensor>& in) {
+        const Shape& s = in[0].shape();
+        Tensor o = empty_as(s, in[0]);
+        probs = Tensor::empty({s[0], s[1], s[2], s[2]}, o.dtype(), o.device());
+        if (run_kernels(o.device())) {
+          by_float(o.dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            cpu::attention_forward<T>(in[0].data<T>(), in[1].data<T>(), in[2].data<T>(),
+                                      o.data<T>(), probs.data<T>(), s[0] * s[1], s[2], s[3],
+                                      T(scale), causal);
+          });
+        }
+        return o;
+      },
+      {}, &rule);
+  if (is_dtensor(out)) {
+    probs = wrap_like(probs, out, {q.size(0), q.size(1), q.size(2), q.size(2)},
+                      dist_of(out).placements);
+  }
   attach_grad(out, "ScaledDotProductAttentionBackward", {q, k, v},
-              [q, k, v, probs, bh, tt, d, scale](const Tensor& g) {
+              [q, k, v, probs, scale](const Tensor& g) {
                 Tensor gk, gv;
-                Tensor gq = dispatch(back, {g, q, k, v, probs}, [&](const std::vector<Tensor>& in) {
-                  Tensor o = empty_as(in[0].shape(), in[0]);
-                  gk = empty_as(o.shape(), o);
-                  gv = empty_as(o.shape(), o);
-                  if (run_kernels(o.device())) {
-                    by_float(o.dtype(), [&](auto tag) {
-                      using T = decltype(tag);
-                      cpu::attention_backward<T>(in[0].data<T>(), in[1].data<T>(), in[2].data<T>(),
-                                                 in[3].data<T>(), in[4].data<T>(), o.data<T>(),
-                                                 gk.data<T>(), gv.data<T>(), bh, tt, d, T(scale));
-                    });
-                  }
-                  return o;
-                });
+                Tensor gq = dispatch(
+                    back, {g, q, k, v, probs},
+                    [&](const std::vector<Tensor>& in) {
+                      const Shape& s = in[0].shape();
+                      Tensor o = empty_as(s, in[0]);
+                      gk = empty_as(s, o);
+                      gv = empty_as(s, o);
+                      if (run_kernels(o.device())) {
+                        by_float(o.dtype(), [&](auto tag) {
+                          using T = decltype(tag);
+                          cpu::attention_backward<T>(
+                              in[0].data<T>(), in[1].data<T>(), in[2].data<T>(), in[3].data<T>(),
+                              in[4].data<T>(), o.data<T>(), gk.data<T>(), gv.data<T>(), s[0] * s[1],
+                              s[2], s[3], T(scale));
+                        });
+                      }
+                      return o;
+                    },
+                    {}, &rule);
+                if (is_dtensor(gq)) {
+                  gk = wrap_like(gk, gq, gq.shape(), dist_of(gq).placements);
+                  gv = wrap_like(gv, gq, gq.shape(), dist_of(gq).placements);
+                }
                 if (gk.dtype() != g.dtype()) {
                   gk = to_dtype(gk, g.dtype());
                   gv = to_dtype(gv, g.dtype());
@@ -847,24 +1204,27 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   COMMTRACE_CHECK(logits.dim() >= 2 && targets.numel() == n, ErrorCode::ShapeMismatch,
                   "cross_entropy: logits {} give {} rows, targets {} have {}", describe(logits), n,
                   describe(targets), targets.numel());
-  Tensor out = dispatch(def, {logits, targets}, [&](const std::vector<Tensor>& in) {
+  Tensor out = dispatch(def, {logits, targets}, [](const std::vector<Tensor>& in) {
+    const auto [rows, cols] = rows_cols(in[0]);
     Tensor o = Tensor::empty({}, in[0].dtype(), in[0].device());
     if (run_kernels(o.device())) {
       by_float(o.dtype(), [&](auto tag) {
         using T = decltype(tag);
-        *o.data<T>() = cpu::cross_entropy_forward<T>(in[0].data<T>(), in[1].data<i64>(), n, c);
+        *o.data<T>() =
+            cpu::cross_entropy_forward<T>(in[0].data<T>(), in[1].data<i64>(), rows, cols);
       });
     }
     return o;
   });
-  attach_grad(out, "CrossEntropyBackward", {logits}, [logits, targets, n, c](const Tensor& g) {
-    Tensor gl = dispatch(back, {g, logits, targets}, [&](const std::vector<Tensor>& in) {
+  attach_grad(out, "CrossEntropyBackward", {logits}, [logits, targets](const Tensor& g) {
+    Tensor gl = dispatch(back, {g, logits, targets}, [](const std::vector<Tensor>& in) {
+      const auto [rows, cols] = rows_cols(in[1]);
       Tensor o = empty_as(in[1].shape(), in[1]);
       if (run_kernels(o.device())) {
         by_float(o.dtype(), [&](auto tag) {
           using T = decltype(tag);
           cpu::cross_entropy_backward<T>(*in[0].data<T>(), in[1].data<T>(), in[2].data<i64>(),
-                                         o.data<T>(), n, c);
+                                         o.data<T>(), rows, cols);
         });
       }
       return o;
@@ -878,16 +1238,22 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
 
 Tensor sum(const Tensor& x) {
   static const OpDef def{"sum", "default", EventKind::Compute};
-  Tensor out = dispatch(def, {x}, [&](const std::vector<Tensor>& in) {
-    Tensor o = Tensor::empty({}, in[0].dtype(), in[0].device());
-    if (run_kernels(o.device())) {
-      by_float(o.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        *o.data<T>() = cpu::sum_all<T>(in[0].data<T>(), in[0].numel());
-      });
-    }
-    return o;
-  });
+  std::vector<int> all(std::size_t(x.dim()));
+  for (int d = 0; d < x.dim(); ++d) all[std::size_t(d)] = d;
+  const ShardingRule rule = reduce_rule(all, false);
+  Tensor out = dispatch(
+      def, {x},
+      [](const std::vector<Tensor>& in) {
+        Tensor o = Tensor::empty({}, in[0].dtype(), in[0].device());
+        if (run_kernels(o.device())) {
+          by_float(o.dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            *o.data<T>() = cpu::sum_all<T>(in[0].data<T>(), in[0].numel());
+          });
+        }
+        return o;
+      },
+      {}, &rule);
   attach_grad(out, "SumBackward", {x},
               [s = x.shape()](const Tensor& g) { return std::vector<Tensor>{expand(g, s)}; });
   return out;
@@ -896,21 +1262,28 @@ Tensor sum(const Tensor& x) {
 Tensor sum(const Tensor& x, int dim, bool keepdim) {
   static const OpDef def{"sum", "dim_IntList", EventKind::Compute};
   dim = normalize_dim(dim, x.dim(), "sum");
-  const Split3 s = split_at(x.shape(), dim);
   Shape kept = x.shape();
   if (x.dim() > 0) kept[std::size_t(dim)] = 1;
-  Shape shape = kept;
-  if (!keepdim && x.dim() > 0) shape.erase(shape.begin() + dim);
-  Tensor out = dispatch(def, {x}, [&](const std::vector<Tensor>& in) {
-    Tensor o = empty_as(shape, in[0]);
-    if (run_kernels(o.device())) {
-      by_float(o.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        cpu::sum_dim<T>(in[0].data<T>(), o.data<T>(), s.outer, s.dim, s.inner);
-      });
-    }
-    return o;
-  });
+  const ShardingRule rule = reduce_rule({dim}, keepdim);
+  Tensor out = dispatch(
+      def, {x},
+      [dim, keepdim](const std::vector<Tensor>& in) {
+        const Split3 s = split_at(in[0].shape(), dim);
+        Shape shape = in[0].shape();
+        if (in[0].dim() > 0) {
+          shape[std::size_t(dim)] = 1;
+          if (!keepdim) shape.erase(shape.begin() + dim);
+        }
+        Tensor o = empty_as(shape, in[0]);
+        if (run_kernels(o.device())) {
+          by_float(o.dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            cpu::sum_dim<T>(in[0].data<T>(), o.data<T>(), s.outer, s.dim, s.inner);
+          });
+        }
+        return o;
+      },
+      {}, &rule);
   attach_grad(out, "SumBackward", {x}, [kept, full = x.shape()](const Tensor& g) {
     return std::vector<Tensor>{expand(g.shape() == kept ? g : view(g, kept), full)};
   });

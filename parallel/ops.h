@@ -70,6 +70,8 @@ Tensor sum(const Tensor& x, int dim, bool keepdim = false);
 Tensor mean(const Tensor& x);
 Tensor mean(const Tensor& x, int dim, bool keepdim = false);
 
+struct ShardingRule;  // parallel/sharding.h
+
 namespace detail {
 
 struct OpDef {
@@ -80,13 +82,17 @@ struct OpDef {
 };
 
 using Compute = std::function<Tensor(const std::vector<Tensor>& inputs)>;
+// The input shapes to record, when they differ from the tensors' (a GEMM records op(b)).
+using ShapeFn = std::function<std::vector<Shape>(const std::vector<Tensor>& inputs)>;
 
-// The one dispatcher. Checks that inputs share a device, widens bf16 inputs to f32 (and narrows
-// an f32 result back) when the op asks, runs compute, and records the op with its input and
-// output shapes when a tracer is active. `recorded_shapes`, when given, replaces the recorded
-// input shapes (a GEMM records op(b), not b). Undefined inputs are skipped.
+// The one dispatcher. With DTensor inputs it applies the sharding rule (sharding.h; all
+// Replicate when null), redistributes, and re-enters itself on the local shards. On plain
+// tensors it checks that inputs share a device, widens bf16 inputs to f32 (and narrows an f32
+// result back) when the op asks, runs compute and records the op with its shapes when a tracer
+// is active. compute derives every size from its inputs, so it runs on local shards and on
+// meta tensors of the global shapes alike. Undefined inputs are skipped.
 Tensor dispatch(const OpDef& op, const std::vector<Tensor>& inputs, const Compute& compute,
-                const std::vector<Shape>* recorded_shapes = nullptr);
+                const ShapeFn& record_shapes = {}, const ShardingRule* rule = nullptr);
 
 // True when kernels must run for a result on this device (cpu); false on meta (shape only).
 // cuda: the dispatch point of the CUDA backend.

@@ -2,6 +2,7 @@
 
 #include "kernels/cpu_optim.h"
 #include "parallel/autograd.h"
+#include "parallel/dtensor.h"
 #include "parallel/ops.h"
 #include "tracer/tracer.h"
 
@@ -11,6 +12,25 @@ namespace {
 using detail::dispatch;
 using detail::OpDef;
 using detail::run_kernels;
+
+Tensor local_of(const Tensor& t) { return is_dtensor(t) ? dist_of(t).local : t; }
+
+// The gradient's local part laid out like the parameter: a Partial gradient of a Replicate
+// parameter (a SequenceParallel norm) is all-reduced here, in the optimizer phase.
+Tensor grad_like_param(const Tensor& p, const Tensor& g) {
+  if (!is_dtensor(p)) return g;
+  const DistSpec& ps = dist_of(p);
+  COMMTRACE_CHECK(is_dtensor(g), ErrorCode::Internal,
+                  "optimizer: DTensor parameter {} has a "
+                  "plain gradient",
+                  describe(p));
+  const DistSpec& gs = dist_of(g);
+  if (gs.placements == ps.placements) return gs.local;
+  return redistribute_local(
+      gs.local, g.shape(), *ps.mesh, gs.placements, ps.placements,
+      fmt::format("optimizer: gradient {} of a {} parameter", placements_str(gs.placements),
+                  placements_str(ps.placements)));
+}
 
 template <class F>
 void by_param_dtype(const Tensor& p, F&& f) {
@@ -36,7 +56,7 @@ void Optimizer::step() {
   ++steps_;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor g = params_[i].grad();
-    if (g.defined()) update(i, g);
+    if (g.defined()) update(i, grad_like_param(params_[i], g));
   }
 }
 
@@ -54,7 +74,7 @@ SGD::SGD(std::vector<Tensor> params, double lr, double momentum, double weight_d
 
 void SGD::update(std::size_t i, const Tensor& g) {
   static const OpDef def{"_fused_sgd_", "default", EventKind::Compute, false};
-  const Tensor& p = params_[i];
+  const Tensor p = local_of(params_[i]);
   const bool first = !momentum_buf_[i].defined();
   if (first) momentum_buf_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
   dispatch(def, {p, g, momentum_buf_[i]}, [&](const std::vector<Tensor>& in) {
@@ -81,7 +101,8 @@ AdamW::AdamW(std::vector<Tensor> params, double lr, double beta1, double beta2, 
                   ErrorCode::InvalidArgument,
                   "AdamW: need lr > 0, betas in [0, 1), eps > 0; got lr {}, betas ({}, {}), eps {}",
                   lr, beta1, beta2, eps);
-  for (const Tensor& p : params_) {
+  for (const Tensor& param : params_) {
+    const Tensor p = local_of(param);
     m_.push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
     v_.push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
   }
@@ -89,7 +110,7 @@ AdamW::AdamW(std::vector<Tensor> params, double lr, double beta1, double beta2, 
 
 void AdamW::update(std::size_t i, const Tensor& g) {
   static const OpDef def{"_fused_adamw_", "default", EventKind::Compute, false};
-  const Tensor& p = params_[i];
+  const Tensor p = local_of(params_[i]);
   dispatch(def, {p, g, m_[i], v_[i]}, [&](const std::vector<Tensor>& in) {
     if (run_kernels(p.device())) {
       by_param_dtype(p, [&](auto tag) {

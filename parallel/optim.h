@@ -1,6 +1,9 @@
 // Optimizers: SGD and AdamW over a model's parameters. step() runs in the optimizer phase with
 // grad mode off; each parameter's update is one fused op through the dispatcher, so it is traced.
-// Parameters without a gradient are skipped. f32 and f64 parameters only.
+// Parameters without a gradient are skipped. f32 and f64 parameters only. DTensor parameters are
+// updated shard by shard; a gradient placed differently from its parameter (the Partial gradient
+// of a Replicate SequenceParallel norm) is redistributed first, so its all_reduce is recorded
+// in the optimizer phase (PyTorch files it under the last module's forward).
 #pragma once
 
 #include <vector>
@@ -21,7 +24,7 @@ class Optimizer {
   const std::vector<Tensor>& params() const { return params_; }
 
  protected:
-  // Updates params_[i] in place from its gradient g.
+  // Updates params_[i] (its local shard) in place from g, laid out like the parameter.
   virtual void update(std::size_t i, const Tensor& g) = 0;
   std::vector<Tensor> params_;
   std::int64_t steps_ = 0;

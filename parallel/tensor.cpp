@@ -89,6 +89,8 @@ std::int64_t Tensor::size(int d) const {
 
 void* Tensor::raw_data(std::size_t elem_size) const {
   const TensorImpl& t = checked();
+  COMMTRACE_CHECK(t.dist == nullptr, ErrorCode::InvalidArgument,
+                  "data: a DTensor has no data of its own; use to_local() or full_tensor()");
   COMMTRACE_CHECK(t.device == Device::CPU, ErrorCode::Unsupported,
                   "data: a {} tensor has no host data", device_name(t.device));
   COMMTRACE_CHECK(elem_size == dtype_size(t.dtype), ErrorCode::InvalidArgument,
@@ -136,6 +138,7 @@ Tensor Tensor::detach() const {
   impl->shape = t.shape;
   impl->dtype = t.dtype;
   impl->device = t.device;
+  impl->dist = t.dist;
   return Tensor(std::move(impl));
 }
 

@@ -35,7 +35,8 @@ class Storage {
 };
 
 struct Node;
-struct DistSpec;  // parallel/dtensor.h
+struct DistSpec;     // parallel/dtensor.h
+struct ShardOrigin;  // parallel/dtensor.h
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;  // null on meta
@@ -47,6 +48,9 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> grad;
   std::shared_ptr<Node> grad_fn;         // null for leaves and for tensors outside autograd
   std::shared_ptr<const DistSpec> dist;  // set on a DTensor: this impl is the local shard
+  // Set on a local tensor that to_local() took from a DTensor (and kept by same-shape ops on
+  // it): lets from_local() recover an uneven global shape without a collective.
+  std::shared_ptr<const ShardOrigin> origin;
 };
 
 class Tensor {
@@ -94,7 +98,7 @@ class Tensor {
   void set_grad(const Tensor& g);
   Node* grad_fn() const { return checked().grad_fn.get(); }
 
-  // A new handle on the same storage, outside autograd (and with no DTensor spec).
+  // A new handle on the same storage (and DTensor spec), outside autograd.
   Tensor detach() const;
   // Reverse-mode autograd from this tensor; with no gradient it must hold one element.
   void backward(const Tensor& grad = Tensor()) const;

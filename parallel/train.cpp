@@ -13,7 +13,7 @@ void train(const TrainOptions& opts, const std::function<void(const StepResult&)
                   "train: device cuda is not available in this build (cpu or meta)");
   const ModelEntry& entry = find_model(opts.model);
   std::shared_ptr<Module> model = entry.build(opts.seed, opts.module);
-  const Batch batch = entry.batch(opts.seed, opts.module);
+  const Batch batch = entry.batch(opts.seed, opts.module, 1);
 
   std::unique_ptr<Optimizer> optim;
   if (opts.optimizer == "adamw") {

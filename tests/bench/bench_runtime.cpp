@@ -70,7 +70,7 @@ BENCHMARK(BM_OpTraced)->Arg(64)->Arg(4096);
 void BM_TransformerStep(benchmark::State& state) {
   const ModelEntry& e = find_model("transformer");
   auto model = e.build(0, {});
-  const Batch b = e.batch(0, {});
+  const Batch b = e.batch(0, {}, 1);
   AdamW opt(model->parameters(), 1e-3);
   for (auto _ : state) {
     Tracer tr;

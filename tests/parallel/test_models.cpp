@@ -58,7 +58,7 @@ TEST_CASE("Transformer matches DESIGN §4 and ties the output to the token embed
   for (const Tensor& p : m->parameters()) count += p.numel();
   REQUIRE(count == 6848);
 
-  const Batch b = find_model("transformer").batch(0, {});
+  const Batch b = find_model("transformer").batch(0, {}, 1);
   REQUIRE(b.input.shape() == Shape{8, 8});
   REQUIRE((*m)(b.input).shape() == Shape{8, 8, 8});
   REQUIRE_THROWS_AS((*m)(Tensor::zeros({8, 8})), Error);  // floats are not tokens
@@ -69,7 +69,7 @@ TEST_CASE("the same seed builds the same model and batch", "[models]") {
   auto a = e.build(7, {}), b = e.build(7, {}), c = e.build(8, {});
   REQUIRE(a->parameters()[0].to_vector() == b->parameters()[0].to_vector());
   REQUIRE(a->parameters()[0].to_vector() != c->parameters()[0].to_vector());
-  REQUIRE(e.batch(7, {}).input.to_vector() == e.batch(7, {}).input.to_vector());
+  REQUIRE(e.batch(7, {}, 1).input.to_vector() == e.batch(7, {}, 1).input.to_vector());
   REQUIRE_THROWS_AS(find_model("resnet"), Error);
 }
 

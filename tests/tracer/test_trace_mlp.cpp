@@ -34,7 +34,7 @@ std::vector<Shape> input_shapes(const Trace& t, const std::string& module, Phase
 // Traces out = model(x); loss = out.sum(); loss.backward(), as CommDebugMode's MLP test does.
 Trace trace_mlp(bool with_step) {
   auto model = find_model("mlp").build(5, {});
-  const Tensor x = find_model("mlp").batch(5, {}).input;  // (8, 10)
+  const Tensor x = find_model("mlp").batch(5, {}, 1).input;  // (8, 10)
   AdamW opt(model->parameters(), 0.01);
   Tracer tr;
   {
@@ -88,7 +88,7 @@ TEST_CASE("the optimizer step is its own phase", "[tracer][mlp]") {
 TEST_CASE("nothing is recorded without a tracer", "[tracer]") {
   auto model = find_model("mlp").build(5, {});
   Tracer tr;
-  sum((*model)(find_model("mlp").batch(5, {}).input)).backward();
+  sum((*model)(find_model("mlp").batch(5, {}, 1).input)).backward();
   REQUIRE(tr.trace().records.empty());
   REQUIRE(tr.trace().modules.size() == 1);
 }
@@ -96,7 +96,7 @@ TEST_CASE("nothing is recorded without a tracer", "[tracer]") {
 TEST_CASE("Transformer: FQN tree in call order and attention GEMMs", "[tracer][transformer]") {
   const ModelEntry& e = find_model("transformer");
   auto model = e.build(0, {});
-  const Batch b = e.batch(0, {});
+  const Batch b = e.batch(0, {}, 1);
   Tracer tr;
   {
     TracerActivation on(tr);

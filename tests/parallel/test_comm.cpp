@@ -1,0 +1,856 @@
+// Communicators and launch(): exact values of every collective on the threads backend at world
+// sizes 1-4 (small integers, so every reduction order gives the same bits), the records they
+// leave in a tracer, the no-hang guarantees (mismatch, failing rank, timeout, early return), the
+// argument checks, and the fake backend at world size 64 on meta tensors.
+// Catch2 is not thread-safe: rank functions only store results; assertions run after launch().
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "parallel/comm.h"
+#include "parallel/launch.h"
+#include "tests/catch_compat.h"
+#include "tracer/tracer.h"
+
+using namespace commtrace;
+
+namespace {
+
+template <class F>
+Error error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  FAIL("expected commtrace::Error");
+  return Error(ErrorCode::Internal, "unreachable");
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+std::vector<int> all_ranks(int n) {
+  std::vector<int> r(std::size_t(n), 0);
+  std::iota(r.begin(), r.end(), 0);
+  return r;
+}
+
+// Runs fn(rank, comm) on every rank with the group "tp" over all ranks.
+template <class F>
+void run_tp(int world, F fn, LaunchOptions options = {}) {
+  launch(
+      world,
+      [&](RankContext& ctx) {
+        auto comm = ctx.new_group("tp", all_ranks(world));
+        fn(ctx.rank(), *comm);
+      },
+      options);
+}
+
+// Value of element i on rank r: a small integer, exact in every dtype.
+double value(int r, std::int64_t i) { return double((r + 1) * (i % 5 + 1)); }
+
+std::vector<double> values(int r, std::int64_t n) {
+  std::vector<double> v(std::size_t(n), 0.0);
+  for (std::int64_t i = 0; i < n; ++i) v[std::size_t(i)] = value(r, i);
+  return v;
+}
+
+double reduce_expected(ReduceOp op, int n, std::int64_t i, int chunk_offset = 0) {
+  double acc = value(0, i + chunk_offset);
+  for (int j = 1; j < n; ++j) {
+    const double v = value(j, i + chunk_offset);
+    acc = op == ReduceOp::Max ? std::max(acc, v) : acc + v;
+  }
+  return op == ReduceOp::Avg ? acc / n : acc;
+}
+
+const DType kAllDTypes[] = {DType::F32, DType::F64, DType::BF16, DType::I64};
+const ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max};
+
+// Per-rank error capture: each rank writes only its own entry.
+struct RankErrors {
+  explicit RankErrors(int n) : msg(std::size_t(n)), code(std::size_t(n), ErrorCode::Internal) {}
+  template <class F>
+  void run(int r, F f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      msg[std::size_t(r)] = e.what();
+      code[std::size_t(r)] = e.code();
+      throw;
+    }
+  }
+  std::vector<std::string> msg;
+  std::vector<ErrorCode> code;
+};
+
+}  // namespace
+
+TEST_CASE("busbw_factor follows nccl-tests", "[comm]") {
+  REQUIRE(busbw_factor("all_reduce", 4) == 1.5);
+  REQUIRE(busbw_factor("all_reduce", 1) == 0.0);
+  REQUIRE(busbw_factor("all_gather", 4) == 0.75);
+  REQUIRE(busbw_factor("reduce_scatter", 2) == 0.5);
+  REQUIRE(busbw_factor("all_to_all", 8) == 0.875);
+  REQUIRE(busbw_factor("broadcast", 4) == 1.0);
+  REQUIRE(busbw_factor("send", 2) == 1.0);
+  REQUIRE(busbw_factor("recv", 2) == 1.0);
+  REQUIRE(busbw_factor("barrier", 4) == 0.0);
+  REQUIRE(busbw_factor("c10d_functional.all_gather_into_tensor", 4) == 0.75);
+  const Error e = error_of([] { busbw_factor("allreduce", 4); });
+  REQUIRE(e.code() == ErrorCode::InvalidArgument);
+  REQUIRE(contains(e.what(), "'allreduce'"));
+  REQUIRE(error_of([] { busbw_factor("all_reduce", 0); }).code() == ErrorCode::InvalidArgument);
+}
+
+TEST_CASE("CollectiveScope nests and restores", "[comm]") {
+  REQUIRE(CollectiveScope::current() == nullptr);
+  {
+    CollectiveScope outer(
+        CollectiveContext{"outer", "(Shard(dim=0),)", "(Replicate(),)", "m", {4}});
+    REQUIRE(CollectiveScope::current()->reason == "outer");
+    {
+      CollectiveScope inner(CollectiveContext{"inner", "", "", "", {}});
+      REQUIRE(CollectiveScope::current()->reason == "inner");
+    }
+    REQUIRE(CollectiveScope::current()->reason == "outer");
+    REQUIRE(CollectiveScope::current()->global_shape == Shape{4});
+    bool other_thread_sees_none = false;
+    std::thread([&] { other_thread_sees_none = CollectiveScope::current() == nullptr; }).join();
+    REQUIRE(other_thread_sees_none);
+  }
+  REQUIRE(CollectiveScope::current() == nullptr);
+}
+
+TEST_CASE("all_reduce is exact at world sizes 1-4 for every dtype and reduce op", "[comm]") {
+  for (int world = 1; world <= 4; ++world) {
+    for (DType dt : kAllDTypes) {
+      for (ReduceOp op : kAllOps) {
+        if (op == ReduceOp::Avg && dt == DType::I64) continue;
+        // 6 elements: one rank owns everything; 2500: chunks across ranks and blocks.
+        for (std::int64_t numel : {std::int64_t(6), std::int64_t(2500)}) {
+          std::vector<std::vector<double>> got(static_cast<std::size_t>(world));
+          run_tp(world, [&](int r, Communicator& c) {
+            Tensor t = Tensor::from_vector(values(r, numel), {numel}, dt);
+            c.all_reduce(t, op);
+            got[std::size_t(r)] = t.to_vector();
+          });
+          CAPTURE(world, dtype_name(dt), reduce_op_name(op), numel);
+          for (int r = 0; r < world; ++r) {
+            const auto& v = got[std::size_t(r)];
+            REQUIRE(std::int64_t(v.size()) == numel);
+            for (std::int64_t i = 0; i < numel; ++i) {
+              CAPTURE(r, i);
+              REQUIRE(v[std::size_t(i)] == reduce_expected(op, world, i));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("all_gather concatenates the inputs in group order", "[comm]") {
+  for (int world = 1; world <= 4; ++world) {
+    for (DType dt : kAllDTypes) {
+      std::vector<std::vector<double>> got(static_cast<std::size_t>(world));
+      run_tp(world, [&](int r, Communicator& c) {
+        std::vector<double> in(6);
+        for (int i = 0; i < 6; ++i) in[std::size_t(i)] = 10 * r + i;
+        Tensor x = Tensor::from_vector(in, {2, 3}, dt);
+        Tensor out = Tensor::full({2 * world, 3}, -1, dt);
+        c.all_gather(x, out);
+        got[std::size_t(r)] = out.to_vector();
+      });
+      CAPTURE(world, dtype_name(dt));
+      std::vector<double> want;
+      for (int j = 0; j < world; ++j) {
+        for (int i = 0; i < 6; ++i) want.push_back(10 * j + i);
+      }
+      for (int r = 0; r < world; ++r) REQUIRE(got[std::size_t(r)] == want);
+    }
+  }
+}
+
+TEST_CASE("reduce_scatter reduces chunk rank() over the group", "[comm]") {
+  for (int world = 1; world <= 4; ++world) {
+    for (DType dt : kAllDTypes) {
+      for (ReduceOp op : kAllOps) {
+        if (op == ReduceOp::Avg && dt == DType::I64) continue;
+        std::vector<std::vector<double>> got(static_cast<std::size_t>(world));
+        run_tp(world, [&](int r, Communicator& c) {
+          Tensor in = Tensor::from_vector(values(r, 6 * world), {2 * world, 3}, dt);
+          Tensor out = Tensor::zeros({2, 3}, dt);
+          c.reduce_scatter(in, out, op);
+          got[std::size_t(r)] = out.to_vector();
+        });
+        CAPTURE(world, dtype_name(dt), reduce_op_name(op));
+        for (int r = 0; r < world; ++r) {
+          for (int i = 0; i < 6; ++i) {
+            CAPTURE(r, i);
+            REQUIRE(got[std::size_t(r)][std::size_t(i)] == reduce_expected(op, world, i, 6 * r));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("all_to_all sends chunk j to rank j", "[comm]") {
+  for (int world = 1; world <= 4; ++world) {
+    for (DType dt : kAllDTypes) {
+      std::vector<std::vector<double>> got(static_cast<std::size_t>(world));
+      run_tp(world, [&](int r, Communicator& c) {
+        // in (2 * world, 2): chunk j holds elements 4j..4j+3; values 16 r + i.
+        std::vector<double> in(std::size_t(4 * world));
+        for (int i = 0; i < 4 * world; ++i) in[std::size_t(i)] = 16 * r + i;
+        Tensor x = Tensor::from_vector(in, {2 * world, 2}, dt);
+        Tensor out = Tensor::zeros({2 * world, 2}, dt);
+        c.all_to_all(x, out);
+        got[std::size_t(r)] = out.to_vector();
+      });
+      CAPTURE(world, dtype_name(dt));
+      for (int r = 0; r < world; ++r) {
+        std::vector<double> want;
+        for (int j = 0; j < world; ++j) {
+          for (int k = 0; k < 4; ++k) want.push_back(16 * j + 4 * r + k);
+        }
+        REQUIRE(got[std::size_t(r)] == want);
+      }
+    }
+  }
+}
+
+TEST_CASE("broadcast copies the root's tensor to every rank", "[comm]") {
+  for (int world = 1; world <= 4; ++world) {
+    for (DType dt : kAllDTypes) {
+      for (int root = 0; root < world; ++root) {
+        std::vector<std::vector<double>> got(static_cast<std::size_t>(world));
+        run_tp(world, [&](int r, Communicator& c) {
+          Tensor t = r == root ? Tensor::from_vector({7, 8, 9, 10}, {2, 2}, dt)
+                               : Tensor::full({2, 2}, -1, dt);
+          c.broadcast(t, root);
+          c.barrier();
+          got[std::size_t(r)] = t.to_vector();
+        });
+        CAPTURE(world, dtype_name(dt), root);
+        for (int r = 0; r < world; ++r)
+          REQUIRE(got[std::size_t(r)] == std::vector<double>{7, 8, 9, 10});
+      }
+    }
+  }
+}
+
+TEST_CASE("send/recv pass tensors around a ring without touching the group seq", "[comm]") {
+  for (int world = 2; world <= 4; ++world) {
+    std::vector<std::vector<double>> got(static_cast<std::size_t>(world));
+    std::vector<std::uint64_t> next(static_cast<std::size_t>(world));
+    run_tp(world, [&](int r, Communicator& c) {
+      const int right = (r + 1) % world;
+      const int left = (r + world - 1) % world;
+      Tensor buf = Tensor::full({3}, r, DType::F32);
+      for (int step = 0; step + 1 < world; ++step) {
+        Tensor incoming = Tensor::zeros({3}, DType::F32);
+        c.send(buf, right);  // eager: every rank sends first, then receives
+        c.recv(incoming, left);
+        buf = incoming;
+        got[std::size_t(r)].push_back(buf.to_vector()[0]);
+      }
+      next[std::size_t(r)] = c.next_seq();
+    });
+    CAPTURE(world);
+    for (int r = 0; r < world; ++r) {
+      std::vector<double> want;
+      for (int step = 1; step < world; ++step) want.push_back((r - step + world) % world);
+      REQUIRE(got[std::size_t(r)] == want);
+      REQUIRE(next[std::size_t(r)] == 0);
+    }
+  }
+}
+
+TEST_CASE("the groups of a 2-D mesh reduce independently", "[comm]") {
+  // Mesh (2, 2): tp groups {0, 1}, {2, 3}; dp groups {0, 2}, {1, 3}.
+  std::vector<std::vector<double>> got(4);
+  std::vector<int> same(4, 0);  // not vector<bool>: ranks write their own entry concurrently
+  launch(4, [&](RankContext& ctx) {
+    const int r = ctx.rank();
+    auto tp = ctx.new_group("tp", r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3});
+    auto dp = ctx.new_group("dp", r % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3});
+    same[std::size_t(r)] = ctx.new_group("tp", tp->ranks()) == tp;
+    Tensor t = Tensor::full({5}, r + 1);
+    tp->all_reduce(t, ReduceOp::Sum);  // {3, 3, 7, 7}
+    Tensor u = t.detach();
+    dp->all_reduce(u, ReduceOp::Max);  // {7, 7, 7, 7}
+    Tensor v = Tensor::full({1}, r + 1);
+    dp->all_reduce(v, ReduceOp::Sum);  // {4, 6, 4, 6}
+    got[std::size_t(r)] = {t.to_vector()[0], u.to_vector()[4], v.to_vector()[0], double(tp->rank()),
+                           double(dp->rank())};
+  });
+  REQUIRE(got[0] == std::vector<double>{7, 7, 4, 0, 0});
+  REQUIRE(got[1] == std::vector<double>{7, 7, 6, 1, 0});
+  REQUIRE(got[2] == std::vector<double>{7, 7, 4, 0, 1});
+  REQUIRE(got[3] == std::vector<double>{7, 7, 6, 1, 1});
+  REQUIRE(same == std::vector<int>{1, 1, 1, 1});
+}
+
+TEST_CASE("collectives are recorded with seq, group, bytes and reason", "[comm]") {
+  const int world = 4;
+  std::vector<Trace> traces(world);
+  run_tp(world, [&](int r, Communicator& c) {
+    Tracer tr(r);
+    TracerActivation on(tr);
+    {
+      CollectiveScope scope(
+          CollectiveContext{"out_proj output: Partial(sum) → Replicate (RowwiseParallel)",
+                            "(Partial(sum),)",
+                            "(Replicate(),)",
+                            "DeviceMesh((4,), 'cpu', stride=(1,))",
+                            {8, 6}});
+      Tensor t = Tensor::full({8, 6}, 1.0);
+      c.all_reduce(t, ReduceOp::Sum);
+    }
+    Tensor small = Tensor::full({2, 3}, 1.0);
+    Tensor big = Tensor::zeros({8, 3});
+    c.all_gather(small, big);
+    c.reduce_scatter(big, small, ReduceOp::Avg);
+    Tensor big2 = Tensor::zeros({8, 3});
+    c.all_to_all(big, big2);
+    Tensor b = Tensor::zeros({5}, DType::F64);
+    c.broadcast(b, 1);
+    c.barrier();
+    Tensor p = Tensor::full({3}, 1.0);
+    c.send(p, (r + 1) % world);
+    c.recv(p, (r + world - 1) % world);
+    Tensor h = Tensor::full({4}, 1.0, DType::BF16);
+    c.all_reduce(h, ReduceOp::Max);
+    traces[std::size_t(r)] = tr.take();
+  });
+
+  struct Want {
+    const char* name;
+    std::uint64_t seq;
+    std::uint64_t bytes;
+    ReduceOp op;
+    DType dtype;
+  };
+  const Want want[] = {
+      {"all_reduce", 0, 8 * 6 * 4, ReduceOp::Sum, DType::F32},
+      {"all_gather", 1, 8 * 3 * 4, ReduceOp::None, DType::F32},
+      {"reduce_scatter", 2, 8 * 3 * 4, ReduceOp::Avg, DType::F32},
+      {"all_to_all", 3, 8 * 3 * 4, ReduceOp::None, DType::F32},
+      {"broadcast", 4, 5 * 8, ReduceOp::None, DType::F64},
+      {"barrier", 5, 0, ReduceOp::None, DType::F32},
+      {"send", 0, 3 * 4, ReduceOp::None, DType::F32},
+      {"recv", 0, 3 * 4, ReduceOp::None, DType::F32},
+      {"all_reduce", 6, 4 * 2, ReduceOp::Max, DType::BF16},
+  };
+  for (int r = 0; r < world; ++r) {
+    const Trace& t = traces[std::size_t(r)];
+    REQUIRE(t.rank == r);
+    REQUIRE(t.records.size() == std::size(want));
+    for (std::size_t i = 0; i < std::size(want); ++i) {
+      const OpRecord& rec = t.records[i];
+      CAPTURE(r, i, rec.name);
+      REQUIRE(rec.kind == EventKind::Collective);
+      REQUIRE(rec.name == want[i].name);
+      REQUIRE(rec.collective.seq == want[i].seq);
+      REQUIRE(rec.collective.bytes == want[i].bytes);
+      REQUIRE(rec.collective.reduce_op == want[i].op);
+      REQUIRE(rec.dtype == want[i].dtype);
+      REQUIRE(rec.collective.group == "tp");
+      REQUIRE(rec.collective.group_size == world);
+      REQUIRE(rec.collective.group_rank == r);
+      REQUIRE(rec.time_s >= 0.0);
+      REQUIRE(rec.index == i);
+      // Equal on every rank for one collective.
+      REQUIRE(rec.collective.seq == traces[0].records[i].collective.seq);
+      if (i > 0) {
+        REQUIRE(rec.reason.empty());
+        REQUIRE(rec.collective.placements_before.empty());
+      }
+    }
+    const OpRecord& ar = t.records[0];
+    REQUIRE(ar.reason == "out_proj output: Partial(sum) → Replicate (RowwiseParallel)");
+    REQUIRE(ar.mesh == "DeviceMesh((4,), 'cpu', stride=(1,))");
+    REQUIRE(ar.collective.placements_before == "(Partial(sum),)");
+    REQUIRE(ar.collective.placements_after == "(Replicate(),)");
+    REQUIRE(ar.inputs.size() == 1);
+    REQUIRE(ar.inputs[0].shape == Shape{8, 6});
+    REQUIRE(ar.inputs[0].global_shape == Shape{8, 6});
+    REQUIRE(ar.inputs[0].placements == "(Partial(sum),)");
+    REQUIRE(ar.outputs[0].placements == "(Replicate(),)");
+    const OpRecord& ag = t.records[1];
+    REQUIRE(ag.inputs.size() == 1);
+    REQUIRE(ag.inputs[0].shape == Shape{2, 3});
+    REQUIRE(ag.inputs[0].global_shape == Shape{2, 3});
+    REQUIRE(ag.outputs[0].shape == Shape{8, 3});
+    REQUIRE(t.records[5].inputs.empty());
+    REQUIRE(t.records[6].outputs.empty());
+    REQUIRE(t.records[7].inputs.empty());
+    REQUIRE(t.records[7].outputs[0].shape == Shape{3});
+  }
+}
+
+TEST_CASE("mismatched collectives fail on every involved rank, naming both calls", "[comm]") {
+  SECTION("different ops at seq 3") {
+    RankErrors errs(2);
+    const Error e = error_of([&] {
+      run_tp(2, [&](int r, Communicator& c) {
+        Tensor t = Tensor::full({4, 4}, 1.0);
+        for (int i = 0; i < 3; ++i) c.all_reduce(t, ReduceOp::Sum);
+        errs.run(r, [&] {
+          if (r == 0) {
+            c.all_reduce(t, ReduceOp::Sum);
+          } else {
+            Tensor out = Tensor::zeros({8, 4});
+            c.all_gather(t, out);
+          }
+        });
+      });
+    });
+    const std::string want =
+        "collective mismatch on group 'tp' seq 3: rank 0 called all_reduce(f32[4, 4], sum), "
+        "rank 1 called all_gather(f32[4, 4])";
+    REQUIRE(e.code() == ErrorCode::InvalidArgument);
+    REQUIRE(std::string(e.what()) == want);
+    REQUIRE(errs.msg[0] == want);
+    REQUIRE(errs.msg[1] == want);
+  }
+  SECTION("same op, different shape, dtype, reduce op or root") {
+    struct Case {
+      std::function<void(int, Communicator&)> call;
+      std::string rank0, rank1;
+    };
+    const std::vector<Case> cases = {
+        {[](int r, Communicator& c) {
+           Tensor t = Tensor::zeros({r == 0 ? 4 : 5});
+           c.all_reduce(t, ReduceOp::Sum);
+         },
+         "all_reduce(f32[4], sum)", "all_reduce(f32[5], sum)"},
+        {[](int r, Communicator& c) {
+           Tensor t = Tensor::zeros({4}, r == 0 ? DType::F32 : DType::F64);
+           c.all_reduce(t, ReduceOp::Sum);
+         },
+         "all_reduce(f32[4], sum)", "all_reduce(f64[4], sum)"},
+        {[](int r, Communicator& c) {
+           Tensor t = Tensor::zeros({4});
+           c.all_reduce(t, r == 0 ? ReduceOp::Sum : ReduceOp::Max);
+         },
+         "all_reduce(f32[4], sum)", "all_reduce(f32[4], max)"},
+        {[](int r, Communicator& c) {
+           Tensor t = Tensor::zeros({4});
+           c.broadcast(t, r);
+         },
+         "broadcast(f32[4], root 0)", "broadcast(f32[4], root 1)"},
+        {[](int r, Communicator& c) {
+           Tensor t = Tensor::zeros({4});
+           if (r == 0)
+             c.barrier();
+           else
+             c.broadcast(t, 0);
+         },
+         "barrier()", "broadcast(f32[4], root 0)"},
+    };
+    for (const Case& k : cases) {
+      RankErrors errs(2);
+      const Error e = error_of(
+          [&] { run_tp(2, [&](int r, Communicator& c) { errs.run(r, [&] { k.call(r, c); }); }); });
+      CAPTURE(e.what());
+      REQUIRE(e.code() == ErrorCode::InvalidArgument);
+      const std::string want = "collective mismatch on group 'tp' seq 0: rank 0 called " + k.rank0 +
+                               ", rank 1 called " + k.rank1;
+      REQUIRE(std::string(e.what()) == want);
+      REQUIRE(errs.msg[0] == want);
+      REQUIRE(errs.msg[1] == want);
+    }
+  }
+  SECTION("three ranks, one odd call") {
+    RankErrors errs(3);
+    const Error e = error_of([&] {
+      run_tp(3, [&](int r, Communicator& c) {
+        errs.run(r, [&] {
+          Tensor t = Tensor::zeros({2});
+          if (r == 2)
+            c.broadcast(t, 0);
+          else
+            c.all_reduce(t, ReduceOp::Sum);
+        });
+      });
+    });
+    REQUIRE(e.code() == ErrorCode::InvalidArgument);
+    for (int r = 0; r < 3; ++r) {
+      CAPTURE(r, errs.msg[std::size_t(r)]);
+      REQUIRE(errs.code[std::size_t(r)] == ErrorCode::InvalidArgument);
+      REQUIRE(contains(errs.msg[std::size_t(r)], "called broadcast(f32[2], root 0)"));
+      REQUIRE(contains(errs.msg[std::size_t(r)], "called all_reduce(f32[2], sum)"));
+    }
+  }
+}
+
+TEST_CASE("a failing rank aborts the ranks waiting for it", "[comm]") {
+  SECTION("commtrace::Error keeps its code and message") {
+    RankErrors errs(4);
+    const Error e = error_of([&] {
+      run_tp(4, [&](int r, Communicator& c) {
+        Tensor t = Tensor::full({16}, 1.0);
+        c.all_reduce(t, ReduceOp::Sum);
+        if (r == 2) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          throw Error(ErrorCode::ShapeMismatch, "rank two broke");
+        }
+        errs.run(r, [&] { c.all_reduce(t, ReduceOp::Sum); });
+      });
+    });
+    REQUIRE(e.code() == ErrorCode::ShapeMismatch);
+    REQUIRE(std::string(e.what()) == "rank two broke");
+    for (int r : {0, 1, 3}) {
+      REQUIRE(errs.code[std::size_t(r)] == ErrorCode::Aborted);
+      REQUIRE(errs.msg[std::size_t(r)] == "rank 2 failed: rank two broke");
+    }
+  }
+  SECTION("other exceptions become Internal errors") {
+    const Error e = error_of([&] {
+      run_tp(3, [&](int r, Communicator& c) {
+        if (r == 1) throw std::runtime_error("plain failure");
+        Tensor t = Tensor::full({4}, 1.0);
+        c.all_reduce(t, ReduceOp::Sum);
+      });
+    });
+    REQUIRE(e.code() == ErrorCode::Internal);
+    REQUIRE(std::string(e.what()) == "rank 1 threw: plain failure");
+  }
+  SECTION("a rank waiting in recv is aborted too") {
+    RankErrors errs(2);
+    const Error e = error_of([&] {
+      run_tp(2, [&](int r, Communicator& c) {
+        if (r == 1) throw Error(ErrorCode::Io, "no file");
+        Tensor t = Tensor::zeros({4});
+        errs.run(r, [&] { c.recv(t, 1); });
+      });
+    });
+    REQUIRE(e.code() == ErrorCode::Io);
+    REQUIRE(errs.code[0] == ErrorCode::Aborted);
+  }
+}
+
+TEST_CASE("a wait times out naming the ranks it waits for", "[comm]") {
+  LaunchOptions opts;
+  opts.timeout_s = 0.2;
+  std::atomic<int> failed{0};
+  RankErrors errs(4);
+  const Error e = error_of([&] {
+    run_tp(
+        4,
+        [&](int r, Communicator& c) {
+          Tensor t = Tensor::full({4}, 1.0);
+          for (int i = 0; i < 5; ++i) c.all_reduce(t, ReduceOp::Sum);
+          if (r >= 2) {
+            // Never issue seq 5; stay alive until both waiters gave up (at most 2 s), so that
+            // they see a timeout (or each other's abort) rather than a finished rank.
+            const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+            while (failed.load() < 2 && std::chrono::steady_clock::now() < until) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            }
+            return;
+          }
+          try {
+            errs.run(r, [&] { c.all_reduce(t, ReduceOp::Sum); });
+          } catch (...) {
+            failed.fetch_add(1);
+            throw;
+          }
+        },
+        opts);
+  });
+  CAPTURE(e.what());
+  REQUIRE(e.code() == ErrorCode::Aborted);
+  REQUIRE(contains(e.what(),
+                   "timed out after 0.2s waiting for ranks {2, 3} at all_reduce seq 5 on group "
+                   "'tp'"));
+  REQUIRE((contains(e.what(), "rank 0 timed out") || contains(e.what(), "rank 1 timed out")));
+}
+
+TEST_CASE("a rank that returns early fails the ranks waiting for it", "[comm]") {
+  SECTION("collective") {
+    const Error e = error_of([&] {
+      run_tp(3, [&](int r, Communicator& c) {
+        if (r == 2) return;
+        Tensor t = Tensor::full({4}, 1.0);
+        c.all_reduce(t, ReduceOp::Sum);
+      });
+    });
+    CAPTURE(e.what());
+    REQUIRE(e.code() == ErrorCode::InvalidArgument);
+    REQUIRE(contains(e.what(),
+                     "waits in all_reduce(f32[4], sum) seq 0 on group 'tp', but rank 2 "
+                     "returned without calling it"));
+  }
+  SECTION("recv") {
+    const Error e = error_of([&] {
+      run_tp(2, [&](int r, Communicator& c) {
+        if (r == 0) return;
+        Tensor t = Tensor::zeros({4});
+        c.recv(t, 0);
+      });
+    });
+    REQUIRE(e.code() == ErrorCode::InvalidArgument);
+    REQUIRE(contains(e.what(),
+                     "rank 1 waits in recv seq 0 from rank 0 on group 'tp', but rank 0 "
+                     "returned without sending it"));
+  }
+}
+
+TEST_CASE("send/recv check that the shapes match", "[comm]") {
+  const Error e = error_of([&] {
+    run_tp(2, [&](int r, Communicator& c) {
+      if (r == 0) {
+        c.send(Tensor::zeros({4}), 1);
+      } else {
+        Tensor t = Tensor::zeros({8});
+        c.recv(t, 0);
+      }
+    });
+  });
+  REQUIRE(e.code() == ErrorCode::InvalidArgument);
+  REQUIRE(std::string(e.what()) ==
+          "send/recv mismatch on group 'tp' seq 0: rank 0 sent f32[4], rank 1 receives f32[8]");
+}
+
+TEST_CASE("arguments are checked before a collective is numbered or recorded", "[comm]") {
+  LaunchOptions fake;
+  fake.backend = "fake";
+  fake.ranks = {1};
+  std::vector<std::pair<ErrorCode, std::string>> errs;
+  std::uint64_t seq_after = 99;
+  std::size_t records = 99;
+  run_tp(
+      4,
+      [&](int, Communicator& c) {
+        Tracer tr(1);
+        TracerActivation on(tr);
+        auto expect = [&](auto f) {
+          try {
+            f();
+            errs.emplace_back(ErrorCode::Internal, "no error");
+          } catch (const Error& e) {
+            errs.emplace_back(e.code(), e.what());
+          }
+        };
+        Tensor x = Tensor::zeros({32});
+        Tensor x2 = Tensor::zeros({2, 3});
+        expect([&] {
+          Tensor out = Tensor::zeros({96});
+          c.all_gather(x, out);
+        });
+        expect([&] {
+          Tensor out = Tensor::zeros({2, 64});
+          c.all_gather(x, out);
+        });
+        expect([&] {
+          Tensor out = Tensor::zeros({128}, DType::F64);
+          c.all_gather(x, out);
+        });
+        expect([&] {
+          Tensor in = Tensor::zeros({6, 3});
+          c.reduce_scatter(in, x2, ReduceOp::Sum);
+        });
+        expect([&] {
+          Tensor in = Tensor::zeros({12, 3});
+          c.reduce_scatter(in, x2, ReduceOp::Sum);
+        });
+        expect([&] { c.broadcast(x, 4); });
+        expect([&] { c.broadcast(x, -1); });
+        expect([&] { c.send(x, 1); });
+        expect([&] { c.recv(x, 7); });
+        expect([&] {
+          Tensor i = Tensor::zeros({4}, DType::I64);
+          c.all_reduce(i, ReduceOp::Avg);
+        });
+        expect([&] { c.all_reduce(x, ReduceOp::None); });
+        expect([&] {
+          Tensor out = Tensor::zeros({6, 3});
+          c.all_to_all(x2, out);
+        });
+        expect([&] {
+          Tensor undefined;
+          c.all_reduce(undefined, ReduceOp::Sum);
+        });
+        seq_after = c.next_seq();
+        records = tr.trace().records.size();
+      },
+      fake);
+  REQUIRE(seq_after == 0);
+  REQUIRE(records == 0);
+  const std::vector<std::pair<ErrorCode, std::string>> want = {
+      {ErrorCode::ShapeMismatch,
+       "all_gather: out has 96 elements, expected 4 ranks × 32 = 128 (in is f32[32])"},
+      {ErrorCode::ShapeMismatch,
+       "all_gather: out is f32[2, 64], expected shape [128] (4 ranks × in [32] along dim 0)"},
+      {ErrorCode::InvalidArgument,
+       "all_gather: in is f32[32] but out is f64[128]; dtypes must match"},
+      {ErrorCode::ShapeMismatch,
+       "reduce_scatter: in f32[6, 3] has 6 rows in dim 0, not divisible by 4 ranks"},
+      {ErrorCode::ShapeMismatch,
+       "reduce_scatter: out is f32[2, 3], expected shape [3, 3] (in [12, 3] split over 4 ranks "
+       "along dim 0)"},
+      {ErrorCode::InvalidArgument, "broadcast: root 4 out of range [0, 4) for group 'tp'"},
+      {ErrorCode::InvalidArgument, "broadcast: root -1 out of range [0, 4) for group 'tp'"},
+      {ErrorCode::InvalidArgument,
+       "send: peer 1 is this rank (group 'tp' rank 1); send to another rank"},
+      {ErrorCode::InvalidArgument, "recv: peer 7 out of range [0, 4) for group 'tp'"},
+      {ErrorCode::InvalidArgument, "all_reduce: reduce op avg needs a floating dtype, got i64[4]"},
+      {ErrorCode::InvalidArgument, "all_reduce: a reduce op is required (sum, avg or max)"},
+      {ErrorCode::ShapeMismatch,
+       "all_to_all: in f32[2, 3] has 2 rows in dim 0, not divisible by 4 ranks"},
+      {ErrorCode::InvalidArgument, "all_reduce: t is an undefined tensor"},
+  };
+  REQUIRE(errs.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(errs[i].second == want[i].second);
+    REQUIRE(errs[i].first == want[i].first);
+  }
+}
+
+TEST_CASE("the threads backend refuses meta tensors and overlapping buffers", "[comm]") {
+  Error e = error_of([&] {
+    run_tp(1, [&](int, Communicator& c) {
+      Tensor t = Tensor::zeros({4}, DType::F32, Device::Meta);
+      c.all_reduce(t, ReduceOp::Sum);
+    });
+  });
+  REQUIRE(e.code() == ErrorCode::Unsupported);
+  REQUIRE(std::string(e.what()) ==
+          "all_reduce: the threads backend does not support meta tensors (t is f32[4] on meta)");
+  e = error_of([&] {
+    run_tp(1, [&](int, Communicator& c) {
+      Tensor t = Tensor::zeros({4});
+      c.all_gather(t, t);
+    });
+  });
+  REQUIRE(e.code() == ErrorCode::InvalidArgument);
+  REQUIRE(std::string(e.what()) ==
+          "all_gather: in and out overlap in memory; use separate buffers");
+}
+
+TEST_CASE("launch and new_group check their arguments", "[comm]") {
+  auto noop = [](RankContext&) {};
+  REQUIRE(error_of([&] { launch(0, noop); }).code() == ErrorCode::InvalidArgument);
+  LaunchOptions bad;
+  bad.backend = "nccl2";
+  Error e = error_of([&] { launch(2, noop, bad); });
+  REQUIRE(e.code() == ErrorCode::Unsupported);
+  REQUIRE(std::string(e.what()) == "launch: unknown backend 'nccl2' (expected threads or fake)");
+  LaunchOptions subset;
+  subset.ranks = {0};
+  e = error_of([&] { launch(2, noop, subset); });
+  REQUIRE(std::string(e.what()) == "launch: the threads backend runs every rank; 1 of 2 requested");
+  subset.backend = "fake";
+  subset.ranks = {5};
+  e = error_of([&] { launch(2, noop, subset); });
+  REQUIRE(std::string(e.what()) == "launch: rank 5 out of range [0, 2)");
+
+  e = error_of([&] { launch(2, [](RankContext& ctx) { ctx.new_group("tp", {0, 2}); }); });
+  REQUIRE(e.code() == ErrorCode::InvalidArgument);
+  REQUIRE(std::string(e.what()) == "new_group 'tp': rank 2 out of range [0, 2)");
+  e = error_of([&] {
+    launch(2, [](RankContext& ctx) {
+      if (ctx.rank() == 1) ctx.new_group("solo", {0});
+    });
+  });
+  REQUIRE(std::string(e.what()) == "new_group 'solo': ranks [0] do not contain this rank 1");
+  e = error_of([&] { launch(2, [](RankContext& ctx) { ctx.new_group("tp", {0, 0, 1}); }); });
+  REQUIRE(std::string(e.what()) == "new_group 'tp': rank 0 appears twice in [0, 0, 1]");
+
+  std::vector<std::string> seen(3);
+  launch(3, [&](RankContext& ctx) {
+    seen[std::size_t(ctx.rank())] =
+        fmt::format("{}/{}/{}", ctx.rank(), ctx.world_size(), ctx.backend());
+  });
+  REQUIRE(seen == std::vector<std::string>{"0/3/threads", "1/3/threads", "2/3/threads"});
+}
+
+TEST_CASE("the fake backend records every op at world size 64 on meta tensors", "[comm]") {
+  const int world = 64;
+  LaunchOptions fake;
+  fake.backend = "fake";
+  std::vector<Trace> traces(world);
+  std::vector<std::string> backends(world);
+  launch(
+      world,
+      [&](RankContext& ctx) {
+        const int r = ctx.rank();
+        Tracer tr(r);
+        TracerActivation on(tr);
+        auto c = ctx.new_group("tp", all_ranks(world));
+        backends[std::size_t(r)] = c->backend_name();
+        const Device m = Device::Meta;
+        Tensor t = Tensor::empty({8, 16}, DType::BF16, m);
+        c->all_reduce(t, ReduceOp::Avg);
+        Tensor small = Tensor::empty({2, 16}, DType::F32, m);
+        Tensor big = Tensor::empty({128, 16}, DType::F32, m);
+        c->all_gather(small, big);
+        c->reduce_scatter(big, small, ReduceOp::Sum);
+        Tensor big2 = Tensor::empty({128, 16}, DType::F32, m);
+        c->all_to_all(big, big2);
+        Tensor b = Tensor::empty({8}, DType::F32, m);
+        c->broadcast(b, 3);
+        c->send(b, (r + 1) % world);
+        c->recv(b, (r + world - 1) % world);
+        c->barrier();
+        traces[std::size_t(r)] = tr.take();
+      },
+      fake);
+  const std::vector<std::pair<std::string, std::uint64_t>> want = {{"all_reduce", 8 * 16 * 2},
+                                                                   {"all_gather", 128 * 16 * 4},
+                                                                   {"reduce_scatter", 128 * 16 * 4},
+                                                                   {"all_to_all", 128 * 16 * 4},
+                                                                   {"broadcast", 8 * 4},
+                                                                   {"send", 8 * 4},
+                                                                   {"recv", 8 * 4},
+                                                                   {"barrier", 0}};
+  for (int r = 0; r < world; ++r) {
+    const Trace& t = traces[std::size_t(r)];
+    REQUIRE(backends[std::size_t(r)] == "fake");
+    REQUIRE(t.records.size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      CAPTURE(r, i);
+      REQUIRE(t.records[i].name == want[i].first);
+      REQUIRE(t.records[i].collective.bytes == want[i].second);
+      REQUIRE(t.records[i].collective.group_size == world);
+      REQUIRE(t.records[i].collective.group_rank == r);
+    }
+    REQUIRE(t.records[7].collective.seq == 5);  // barrier: send/recv have their own counters
+  }
+}
+
+TEST_CASE("the fake backend runs only the requested ranks and leaves cpu data alone", "[comm]") {
+  LaunchOptions fake;
+  fake.backend = "fake";
+  fake.ranks = {3, 17};
+  std::atomic<int> runs{0};
+  std::vector<double> kept(64, 0.0);
+  launch(
+      64,
+      [&](RankContext& ctx) {
+        runs.fetch_add(1);
+        auto c = ctx.new_group("tp", all_ranks(64));
+        Tensor t = Tensor::full({4}, ctx.rank());
+        c->all_reduce(t, ReduceOp::Sum);  // never waits for the 62 ranks that do not run
+        Tensor out = Tensor::full({256}, -1.0);
+        c->all_gather(t, out);
+        kept[std::size_t(ctx.rank())] = t.to_vector()[0] + out.to_vector()[255];
+      },
+      fake);
+  REQUIRE(runs.load() == 2);
+  REQUIRE(kept[3] == 2.0);
+  REQUIRE(kept[17] == 16.0);
+}
