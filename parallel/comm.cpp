@@ -48,26 +48,6 @@ const CollectiveContext* CollectiveScope::current() { return g_collective_ctx; }
 
 // One table for the per-collective math (DESIGN §3, §5.4). PyTorch-compatible names map to the
 // same factors so readers of a PyTorch-style JSON can use it too.
-double busbw_factor(const std::string& op, int n) {
-  COMMTRACE_CHECK(n >= 1, ErrorCode::InvalidArgument, "busbw_factor: group size {} must be >= 1",
-                  n);
-  const double nd = double(n);
-  if (op == "all_reduce" || op == "c10d_functional.all_reduce") return 2.0 * (nd - 1.0) / nd;
-  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all" ||
-      op == "c10d_functional.all_gather_into_tensor" ||
-      op == "c10d_functional.reduce_scatter_tensor" || op == "_dtensor.shard_dim_alltoall") {
-    return (nd - 1.0) / nd;
-  }
-  if (op == "broadcast" || op == "send" || op == "recv" || op == "c10d_functional.broadcast") {
-    return 1.0;
-  }
-  if (op == "barrier") return 0.0;
-  throw Error(ErrorCode::InvalidArgument,
-              fmt::format("busbw_factor: unknown collective '{}' (expected all_reduce, "
-                          "all_gather, reduce_scatter, all_to_all, broadcast, send, recv, barrier)",
-                          op));
-}
-
 Communicator::Communicator(std::string group, std::vector<int> ranks, int global_rank)
     : group_(std::move(group)), ranks_(std::move(ranks)) {
   COMMTRACE_CHECK(!ranks_.empty(), ErrorCode::InvalidArgument,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "parallel/tensor.h"
+#include "tracer/collectives.h"
 #include "tracer/trace.h"
 
 namespace commtrace {
@@ -38,8 +39,6 @@ class CollectiveScope {
   CollectiveContext ctx_;
 };
 
-// nccl-tests bus-bandwidth factor for a collective over n ranks (DESIGN §3).
-double busbw_factor(const std::string& op, int n);
 
 class Communicator {
  public:
@@ -69,7 +68,9 @@ class Communicator {
   void all_to_all(const Tensor& in, Tensor& out);
   // t of group rank `root` is copied to every rank's t.
   void broadcast(Tensor& t, int root);
-  // Point to point: peer is a group rank; shapes and dtypes must match the peer's call.
+  // Point to point: peer is a group rank; shapes and dtypes must match the peer's call. send
+  // may return before the peer receives (threads copies eagerly), so a ring of send-then-recv
+  // does not deadlock.
   void send(const Tensor& t, int peer);
   void recv(Tensor& t, int peer);
   void barrier();

@@ -41,7 +41,8 @@ class RankContext {
 };
 
 // REQUIRES: world_size >= 1. Throws the first rank's error (an Error keeps its code; the other
-// ranks see ErrorCode::Aborted naming the failing rank).
+// ranks see ErrorCode::Aborted naming the failing rank). A rank that returns while others wait
+// for it in a collective or recv fails them with an error naming it.
 void launch(int world_size, const std::function<void(RankContext&)>& fn,
             const LaunchOptions& options = {});
 

@@ -1,11 +1,14 @@
 #include "parallel/runner.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <optional>
 
 #include "parallel/autograd.h"
 #include "parallel/ops.h"
+#include "parallel/optim.h"
 #include "tracer/tracer.h"
 
 namespace commtrace {
@@ -123,6 +126,74 @@ Tensor gather_full(RankState& s, const Tensor& x, bool dp_sliced) {
   Tensor out = Tensor::empty(shape, full.dtype(), full.device());
   s.dp->all_gather(full, out);
   return out;
+}
+
+std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* losses) {
+  const ParallelConfig& cfg = opts.cfg;
+  const std::vector<int> shape = mesh_shape(cfg);
+  COMMTRACE_CHECK(opts.iters >= 1, ErrorCode::InvalidArgument, "iterations {} must be >= 1",
+                  opts.iters);
+  std::vector<int> traced = opts.ranks.empty() ? std::vector<int>{0} : opts.ranks;
+  for (int r : traced) {
+    COMMTRACE_CHECK(r >= 0 && r < cfg.world_size, ErrorCode::InvalidArgument,
+                    "rank {} out of range [0, {})", r, cfg.world_size);
+  }
+  COMMTRACE_CHECK(cfg.backend == "fake" || cfg.module.device == Device::CPU,
+                  ErrorCode::InvalidArgument,
+                  "device {} needs the fake backend (the threads backend moves real data)",
+                  device_name(cfg.module.device));
+  const Plan plan = resolve_plan(cfg.model, cfg.plan);  // fail early, before any thread
+
+  std::vector<Trace> traces(traced.size());
+  std::vector<double> rank0_losses;
+  std::mutex mu;
+  LaunchOptions lo;
+  lo.backend = cfg.backend;
+  if (cfg.backend == "fake") lo.ranks = traced;
+  launch(
+      cfg.world_size,
+      [&](RankContext& ctx) {
+        RankState s = setup_rank(ctx, cfg);
+        AdamW opt(s.model->parameters(), opts.lr);
+        const auto slot = std::find(traced.begin(), traced.end(), ctx.rank());
+        Tracer tr(ctx.rank());
+        std::vector<double> mine;
+        for (int it = 0; it < opts.iters; ++it) {
+          Tensor loss;
+          {
+            std::optional<TracerActivation> on;
+            if (slot != traced.end()) on.emplace(tr);
+            opt.zero_grad();
+            StepOut step = forward_loss(s);
+            step.loss.backward();
+            sync_data_parallel_grads(s);
+            opt.step();
+            loss = step.loss;
+          }
+          if (cfg.module.device == Device::CPU && cfg.backend == "threads") {
+            NoGradGuard ng;  // the loss readout (an all_reduce when Partial) is not traced
+            mine.push_back((is_dtensor(loss) ? full_tensor(loss) : loss).item());
+          }
+        }
+        if (slot == traced.end()) return;
+        Trace t = tr.take();
+        t.metadata = {{"model", cfg.model},
+                      {"plan", plan.name},
+                      {"world_size", std::to_string(cfg.world_size)},
+                      {"mesh", s.mesh->str()},
+                      {"device", device_name(cfg.module.device)},
+                      {"dtype", dtype_name(cfg.module.dtype)},
+                      {"backend", cfg.backend},
+                      {"iterations", std::to_string(opts.iters)},
+                      {"seed", std::to_string(cfg.seed)},
+                      {"input_requires_grad", cfg.input_requires_grad ? "true" : "false"}};
+        std::lock_guard<std::mutex> lock(mu);
+        traces[std::size_t(slot - traced.begin())] = std::move(t);
+        if (ctx.rank() == 0) rank0_losses = mine;
+      },
+      lo);
+  if (losses) *losses = rank0_losses;
+  return traces;
 }
 
 bool VerifyReport::pass() const {

@@ -56,6 +56,18 @@ void sync_data_parallel_grads(RankState& s);
 // Gathers x (plain or DTensor, a slice of dim 0 over "dp" when `dp_sliced`) to the full tensor.
 Tensor gather_full(RankState& s, const Tensor& x, bool dp_sliced);
 
+struct TraceOptions {
+  ParallelConfig cfg;
+  int iters = 1;
+  std::vector<int> ranks;  // ranks to trace; empty: rank 0 only
+  double lr = 1e-3;        // AdamW
+};
+
+// Runs opts.iters training iterations (forward, loss, backward, DDP, AdamW step) on every rank
+// (the fake backend runs only the traced ones) and returns the traced ranks' traces, with the
+// run's metadata. The losses (rank 0's view) go to `losses` when given.
+std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* losses = nullptr);
+
 struct TensorCheck {
   std::string name;        // "output", "in_proj.weight.grad", "input.grad"
   double max_rel_err = 0;  // max |a - b| / max |b|
