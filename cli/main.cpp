@@ -1,15 +1,28 @@
 // The commtrace binary: CLI11 wiring, one function per subcommand. This is the only place that
-// maps errors to exit codes: 0 success, 1 a failed check, 2 bad input or any other error.
+// maps errors to exit codes: 0 success, 1 a failed check (verify, diff, check, --expect,
+// --rank all), 2 bad input or any other error.
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 
 #include "parallel/models.h"
 #include "parallel/runner.h"
 #include "parallel/train.h"
+#include "report/baseline.h"
+#include "report/consistency.h"
+#include "report/diff.h"
+#include "report/torch_compat.h"
+#include "report/trace_json.h"
+#include "report/tree.h"
 
 namespace commtrace {
 namespace {
+
+// Colour only on a terminal and never with NO_COLOR set.
+bool use_color() { return isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr; }
 
 int cmd_models() {
   fmt::print("{:<13} {:>8}  {:<18} {}\n", "model", "params", "input", "description");
@@ -47,23 +60,49 @@ int cmd_train(TrainArgs& a) {
   return 0;
 }
 
-struct VerifyArgs {
+// Options shared by run and verify: what to run in parallel.
+struct ParallelArgs {
   ParallelConfig cfg;
   std::string mesh;
+  std::string device = "cpu";
   std::string dtype = "f32";
+
+  void add_to(CLI::App* c) {
+    c->add_option("--model", cfg.model, "Zoo model or model JSON file")->capture_default_str();
+    c->add_option("--plan", cfg.plan, "Built-in plan (tp, sp) or plan JSON file")
+        ->capture_default_str();
+    c->add_option("--world-size", cfg.world_size, "Ranks")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 4096));
+    c->add_option("--mesh", mesh, "Mesh shape: N, or DPxTP for data parallel × plan (e.g. 2x2)");
+    c->add_flag("--input-requires-grad", cfg.input_requires_grad,
+                "The model input requires grad (backward collectives for its gradient)");
+    c->add_option("--seed", cfg.seed, "Seed of weights and batch")->capture_default_str();
+    c->add_option("--dtype", dtype, "f32 or f64")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"f32", "f64"}));
+  }
+  void resolve() {
+    if (!mesh.empty()) cfg.mesh = parse_mesh_shape(mesh);
+    cfg.module.dtype = parse_dtype(dtype);
+    cfg.module.device = parse_device(device);
+  }
+};
+
+struct VerifyArgs {
+  ParallelArgs p;
   double tolerance = 1e-5;
 };
 
 int cmd_verify(VerifyArgs& a) {
-  if (!a.mesh.empty()) a.cfg.mesh = parse_mesh_shape(a.mesh);
-  a.cfg.module.dtype = parse_dtype(a.dtype);
-  const std::vector<int> shape = mesh_shape(a.cfg);
+  a.p.resolve();
+  const ParallelConfig& cfg = a.p.cfg;
+  const std::vector<int> shape = mesh_shape(cfg);
   fmt::print(
-      "verify {} plan {} on {} ranks (mesh {}, threads backend) against one device, seed "
-      "{}{}\n",
-      a.cfg.model, a.cfg.plan, a.cfg.world_size, fmt::join(shape, "x"), a.cfg.seed,
-      a.cfg.input_requires_grad ? ", input requires grad" : "");
-  const VerifyReport r = verify(a.cfg, a.tolerance);
+      "verify {} plan {} on {} ranks (mesh {}, threads backend) against one device, seed {}{}\n",
+      cfg.model, cfg.plan, cfg.world_size, fmt::join(shape, "x"), cfg.seed,
+      cfg.input_requires_grad ? ", input requires grad" : "");
+  const VerifyReport r = verify(cfg, a.tolerance);
   if (!r.note.empty()) fmt::print("note: {}\n", r.note);
   std::size_t width = 6;
   for (const TensorCheck& c : r.checks) width = std::max(width, c.name.size());
@@ -76,6 +115,169 @@ int cmd_verify(VerifyArgs& a) {
   fmt::print("{}: {} tensors, tolerance {:.0e}\n", ok ? "PASS" : "FAIL", r.checks.size(),
              a.tolerance);
   return ok ? 0 : 1;
+}
+
+// How a trace is shown by run and show.
+struct ViewArgs {
+  int noise = 0;
+  bool explain = false;
+  std::string compat;
+
+  void add_to(CLI::App* c) {
+    c->add_option("--noise", noise,
+                  "0: collectives; 1: + types, params, sharded ops, reasons; "
+                  "2: + local ops; 3: + trivial ops")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 3));
+    c->add_flag("--explain", explain, "Show why every collective happened");
+    c->add_option("--compat", compat, "torch: CommDebugMode's table layout")
+        ->check(CLI::IsMember({"torch"}));
+  }
+  void print(const Trace& t) const {
+    if (compat == "torch") {
+      fmt::print("{}", torch_table(t, noise, use_color()));
+      return;
+    }
+    fmt::print("{}\n{}", render_tree(t, TreeOptions{noise, explain, use_color()}),
+               render_summary(t));
+  }
+};
+
+struct RunArgs {
+  ParallelArgs p;
+  ViewArgs view;
+  int iters = 1;
+  std::string backend = "threads";
+  std::string rank = "0";
+  double lr = 1e-3;
+  std::string json, torch_json;
+  std::vector<std::string> expect;
+};
+
+int cmd_run(RunArgs& a) {
+  a.p.cfg.backend = a.backend;
+  a.p.resolve();
+  TraceOptions o;
+  o.cfg = a.p.cfg;
+  o.iters = a.iters;
+  o.lr = a.lr;
+  const bool all = a.rank == "all";
+  int shown = 0;
+  if (all) {
+    for (int r = 0; r < o.cfg.world_size; ++r) o.ranks.push_back(r);
+  } else {
+    try {
+      std::size_t used = 0;
+      shown = std::stoi(a.rank, &used);
+      if (used != a.rank.size()) throw std::invalid_argument(a.rank);
+    } catch (const std::exception&) {
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("--rank: expected a rank number or 'all', got '{}'", a.rank));
+    }
+    o.ranks = {shown};
+  }
+  std::vector<double> losses;
+  const std::vector<Trace> traces = trace_run(o, &losses);
+  const Trace& t = all ? traces[0] : traces.front();
+  const auto& md = t.metadata;
+  fmt::print("commtrace run: {} with plan {} on {} ranks ({}), {} backend, {}, {} iteration{}{}\n",
+             md.at("model"), md.at("plan"), md.at("world_size"), md.at("mesh"), md.at("backend"),
+             md.at("device"), a.iters, a.iters == 1 ? "" : "s",
+             o.cfg.input_requires_grad ? ", input requires grad" : "");
+  if (!losses.empty()) {
+    fmt::print("loss: {:.6f}{}\n", losses.front(),
+               losses.size() > 1 ? fmt::format(" → {:.6f}", losses.back()) : "");
+  }
+  fmt::print("trace of rank {}:\n", t.rank);
+  a.view.print(t);
+
+  if (!a.json.empty()) {
+    write_file(a.json, write_trace_json(traces));
+    fmt::print("wrote {} ({} rank{})\n", a.json, traces.size(), traces.size() == 1 ? "" : "s");
+  }
+  if (!a.torch_json.empty()) {
+    write_file(a.torch_json, torch_json_dump(t, a.view.noise));
+    fmt::print("wrote {} (PyTorch generate_json_dump, noise {})\n", a.torch_json, a.view.noise);
+  }
+  int rc = 0;
+  if (all) {
+    const auto problems = check_rank_consistency(traces);
+    if (problems.empty()) {
+      fmt::print("ranks consistent: {} ranks issue the same collectives in the same order\n",
+                 traces.size());
+    } else {
+      fmt::print("ranks diverge ({} problem{}):\n", problems.size(),
+                 problems.size() == 1 ? "" : "s");
+      for (const auto& p : problems) fmt::print("  {}\n", p);
+      rc = 1;
+    }
+  }
+  if (!a.expect.empty()) {
+    const CheckResult r = check_expectations(t, a.expect);
+    for (const auto& d : r.differences) fmt::print("expectation failed: {}\n", d);
+    if (r.ok) fmt::print("expectations met: {}\n", a.expect.size());
+    if (!r.ok) rc = 1;
+  }
+  return rc;
+}
+
+const Trace& pick_rank(const std::vector<Trace>& traces, int rank, const std::string& path) {
+  for (const Trace& t : traces) {
+    if (t.rank == rank) return t;
+  }
+  throw Error(ErrorCode::InvalidArgument, fmt::format("{} holds no trace of rank {}", path, rank));
+}
+
+struct ShowArgs {
+  std::string file;
+  int rank = 0;
+  ViewArgs view;
+};
+
+int cmd_show(ShowArgs& a) {
+  const std::vector<Trace> traces = load_traces(a.file);
+  a.view.print(pick_rank(traces, a.rank, a.file));
+  return 0;
+}
+
+struct DiffArgs {
+  std::string a, b;
+  int rank = 0;
+};
+
+int cmd_diff(DiffArgs& d) {
+  const std::vector<Trace> ta = load_traces(d.a), tb = load_traces(d.b);
+  DiffOptions o;
+  o.color = use_color();
+  o.label_a = d.a;
+  o.label_b = d.b;
+  const DiffResult r = diff_traces(pick_rank(ta, d.rank, d.a), pick_rank(tb, d.rank, d.b), o);
+  fmt::print("{}", r.text);
+  return r.equal ? 0 : 1;
+}
+
+struct CheckArgs {
+  std::string trace, baseline;
+  bool update = false;
+  int rank = 0;
+};
+
+int cmd_check(CheckArgs& c) {
+  const std::vector<Trace> traces = load_traces(c.trace);
+  const Trace& t = pick_rank(traces, c.rank, c.trace);
+  if (c.update) {
+    write_file(c.baseline, make_baseline(t));
+    fmt::print("wrote baseline {} from {}\n", c.baseline, c.trace);
+    return 0;
+  }
+  const CheckResult r = check_baseline(t, read_file(c.baseline), c.baseline);
+  if (r.ok) {
+    fmt::print("OK: {} matches baseline {}\n", c.trace, c.baseline);
+    return 0;
+  }
+  fmt::print("FAIL: {} differs from baseline {}:\n", c.trace, c.baseline);
+  for (const auto& d : r.differences) fmt::print("  {}\n", d);
+  return 1;
 }
 
 }  // namespace
@@ -93,7 +295,7 @@ int main(int argc, char** argv) {
   TrainArgs train_args;
   auto* train_cmd =
       app.add_subcommand("train", "Train a zoo model on one device, printing the loss");
-  train_cmd->add_option("--model", train_args.opts.model, "Model name (see `commtrace models`)")
+  train_cmd->add_option("--model", train_args.opts.model, "Model (zoo name or model JSON)")
       ->capture_default_str();
   train_cmd->add_option("--steps", train_args.opts.steps, "Training steps")
       ->capture_default_str()
@@ -113,26 +315,59 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--seed", train_args.opts.seed, "Seed of weights and batch")
       ->capture_default_str();
 
+  RunArgs run_args;
+  run_args.p.cfg.model = "transformer";
+  run_args.p.cfg.world_size = 4;
+  auto* run_cmd = app.add_subcommand(
+      "run", "Train K iterations in parallel under the tracer; print the collectives");
+  run_args.p.add_to(run_cmd);
+  run_args.view.add_to(run_cmd);
+  run_cmd->add_option("--iters", run_args.iters, "Training iterations")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  run_cmd->add_option("--device", run_args.p.device, "cpu, or meta (with --backend fake)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "meta"}));
+  run_cmd->add_option("--backend", run_args.backend, "threads (real data) or fake (records only)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"threads", "fake"}));
+  run_cmd->add_option("--rank", run_args.rank, "Rank to show, or 'all' (checks consistency)")
+      ->capture_default_str();
+  run_cmd->add_option("--lr", run_args.lr, "AdamW learning rate")->capture_default_str();
+  run_cmd->add_option("--json", run_args.json, "Write commtrace's trace JSON (all traced ranks)");
+  run_cmd->add_option("--torch-json", run_args.torch_json,
+                      "Write PyTorch's generate_json_dump format (at --noise)");
+  run_cmd->add_option("--expect", run_args.expect,
+                      "Expected per-iteration count, e.g. forward.all_reduce=1 (repeatable)");
+
   VerifyArgs verify_args;
   auto* verify_cmd = app.add_subcommand(
       "verify", "Run a model in parallel (threads backend) and on one device; compare");
-  verify_cmd->add_option("--model", verify_args.cfg.model, "Model name")->capture_default_str();
-  verify_cmd->add_option("--plan", verify_args.cfg.plan, "Built-in plan (tp, sp) or plan JSON")
-      ->capture_default_str();
-  verify_cmd->add_option("--world-size", verify_args.cfg.world_size, "Ranks")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 64));
-  verify_cmd->add_option("--mesh", verify_args.mesh, "Mesh shape: N or DPxTP (e.g. 2x2)");
-  verify_cmd->add_flag("--input-requires-grad", verify_args.cfg.input_requires_grad,
-                       "Make the model input require grad (and compare its gradient)");
-  verify_cmd->add_option("--seed", verify_args.cfg.seed, "Seed of weights and batch")
-      ->capture_default_str();
-  verify_cmd->add_option("--dtype", verify_args.dtype, "f32 or f64")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "f64"}));
+  verify_args.p.add_to(verify_cmd);
   verify_cmd->add_option("--tolerance", verify_args.tolerance, "Max relative error")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+
+  ShowArgs show_args;
+  auto* show_cmd = app.add_subcommand("show", "Render a saved trace (ours or a PyTorch dump)");
+  show_cmd->add_option("file", show_args.file, "Trace JSON")->required();
+  show_cmd->add_option("--rank", show_args.rank, "Rank to show")->capture_default_str();
+  show_args.view.add_to(show_cmd);
+
+  DiffArgs diff_args;
+  auto* diff_cmd = app.add_subcommand(
+      "diff", "Collective counts and bytes that differ per module and phase (exit 1 if any)");
+  diff_cmd->add_option("a", diff_args.a, "Trace JSON (ours or a PyTorch dump)")->required();
+  diff_cmd->add_option("b", diff_args.b, "Trace JSON (ours or a PyTorch dump)")->required();
+  diff_cmd->add_option("--rank", diff_args.rank, "Rank to compare")->capture_default_str();
+
+  CheckArgs check_args;
+  auto* check_cmd =
+      app.add_subcommand("check", "Compare a trace with a CI baseline (exit 1 on any change)");
+  check_cmd->add_option("trace", check_args.trace, "Trace JSON")->required();
+  check_cmd->add_option("--baseline", check_args.baseline, "Baseline JSON")->required();
+  check_cmd->add_flag("--update", check_args.update, "Write the baseline from the trace");
+  check_cmd->add_option("--rank", check_args.rank, "Rank to check")->capture_default_str();
 
   try {
     app.parse(argc, argv);
@@ -142,7 +377,11 @@ int main(int argc, char** argv) {
   try {
     if (*models) return cmd_models();
     if (*train_cmd) return cmd_train(train_args);
+    if (*run_cmd) return cmd_run(run_args);
     if (*verify_cmd) return cmd_verify(verify_args);
+    if (*show_cmd) return cmd_show(show_args);
+    if (*diff_cmd) return cmd_diff(diff_args);
+    if (*check_cmd) return cmd_check(check_args);
   } catch (const Error& e) {
     fmt::print(stderr, "commtrace: error: {}\n", e.what());
     return 2;

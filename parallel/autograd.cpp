@@ -4,6 +4,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "parallel/dtensor.h"
 #include "parallel/ops.h"
 #include "tracer/tracer.h"
 
@@ -19,12 +20,22 @@ struct NewerFirst {
   }
 };
 
-// Leaf gradients never alias an activation: the first one is copied, later ones are added.
-void accumulate_leaf(TensorImpl& leaf, const Tensor& g) {
+// True when nothing but `g` holds g or its data (for a DTensor: its local shard's).
+bool uniquely_owned(const Tensor& g) {
+  const Tensor& data = g.impl()->dist ? g.impl()->dist->local : g;
+  const bool data_unique = data.impl() == g.impl() || data.impl_ptr().use_count() == 1;
+  return g.impl_ptr().use_count() == 1 && data_unique &&
+         (!data.impl()->storage || data.impl()->storage.use_count() == 1);
+}
+
+// Leaf gradients never alias anything (later in-place updates, e.g. DDP's all_reduce, must not
+// reach another tensor): a gradient nothing else holds is taken as it is (PyTorch's
+// AccumulateGrad steals it too), an aliased one is copied; later ones are added.
+void accumulate_leaf(TensorImpl& leaf, Tensor g) {
   if (leaf.grad) {
     leaf.grad = add(Tensor(leaf.grad), g).impl_ptr();
   } else {
-    leaf.grad = clone(g).impl_ptr();
+    leaf.grad = uniquely_owned(g) ? g.impl_ptr() : clone(g).impl_ptr();
   }
 }
 }  // namespace
@@ -83,7 +94,7 @@ void run_backward(const Tensor& root, const Tensor& grad) {
   PhaseScope phase(Phase::Backward);
   NoGradGuard no_grad;
   if (root.is_leaf()) {
-    accumulate_leaf(*root.impl(), g);
+    accumulate_leaf(*root.impl(), std::move(g));
     return;
   }
 
@@ -129,7 +140,11 @@ void run_backward(const Tensor& root, const Tensor& grad) {
       n->backward = nullptr;  // frees the saved tensors
       for (std::size_t i = 0; i < n->next.size(); ++i) {
         const Edge& e = n->next[i];
-        if (e.leaf && grads[i].defined()) accumulate_leaf(*e.leaf, grads[i]);
+        if (e.leaf) {
+          // The gradient's last use: moved, so that a unique one can be taken as it is.
+          if (grads[i].defined()) accumulate_leaf(*e.leaf, std::move(grads[i]));
+          continue;
+        }
         if (!e.node) continue;
         if (grads[i].defined()) {
           Tensor& buf = buffers[e.node.get()];

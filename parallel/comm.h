@@ -39,7 +39,6 @@ class CollectiveScope {
   CollectiveContext ctx_;
 };
 
-
 class Communicator {
  public:
   // group: the mesh dim name ("tp"); ranks: the global ranks of the group in group order.

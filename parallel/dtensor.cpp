@@ -5,6 +5,7 @@
 
 #include "parallel/autograd.h"
 #include "parallel/ops.h"
+#include "tracer/tracer.h"
 
 namespace commtrace {
 
@@ -198,8 +199,11 @@ Tensor redistribute_local(const Tensor& local, const Shape& global, const Device
     if (s == t) continue;
     Placements next = pl;
     next[std::size_t(d)] = t;
-    CollectiveScope scope(
-        CollectiveContext{reason, placements_str(pl), placements_str(next), mesh.str(), global});
+    std::optional<CollectiveScope> scope;  // the strings are built only when traced
+    if (Tracer::current()) {
+      scope.emplace(
+          CollectiveContext{reason, placements_str(pl), placements_str(next), mesh.str(), global});
+    }
     Communicator& comm = mesh.comm(d);
     const int w = comm.size();
     if (s.is_shard() && t.is_replicate()) {

@@ -38,6 +38,7 @@ DeviceMesh::DeviceMesh(RankContext& ctx, std::vector<int> shape, std::vector<std
     }
     comms_.push_back(ctx.new_group(names_[std::size_t(d)], ranks));
   }
+  repr_ = make_repr();
 }
 
 std::shared_ptr<DeviceMesh> DeviceMesh::sub(int dim) const {
@@ -48,6 +49,7 @@ std::shared_ptr<DeviceMesh> DeviceMesh::sub(int dim) const {
   m->rank_ = rank_;
   m->coord_ = {coordinate(dim)};
   m->comms_ = {comms_.at(std::size_t(dim))};
+  m->repr_ = m->make_repr();
   return m;
 }
 
@@ -65,7 +67,7 @@ int DeviceMesh::find_dim(const std::string& name) const {
               fmt::format("mesh has no dim '{}' (dims: {})", name, fmt::join(names_, ", ")));
 }
 
-std::string DeviceMesh::str() const {
+std::string DeviceMesh::make_repr() const {
   auto tuple = [](const std::vector<std::string>& v) {
     return v.size() == 1 ? "(" + v[0] + ",)" : fmt::format("({})", fmt::join(v, ", "));
   };

@@ -31,8 +31,8 @@ class DeviceMesh {
   int rank() const { return rank_; }            // global rank
   int coordinate(int dim) const { return coord_.at(std::size_t(dim)); }
   Communicator& comm(int dim) const { return *comms_.at(std::size_t(dim)); }
-  // PyTorch's repr: "DeviceMesh((4,), 'cpu', stride=(1,))".
-  std::string str() const;
+  // PyTorch's repr: "DeviceMesh((4,), 'cpu', stride=(1,))" (computed once).
+  const std::string& str() const { return repr_; }
 
  private:
   std::vector<int> shape_;
@@ -41,7 +41,9 @@ class DeviceMesh {
   int rank_ = 0;
   std::vector<int> coord_;
   std::vector<std::shared_ptr<Communicator>> comms_;
+  std::string repr_;
   DeviceMesh() = default;
+  std::string make_repr() const;
 };
 
 // Parses "4" or "2x4" into a mesh shape; throws on anything else.

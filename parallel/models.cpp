@@ -1,6 +1,11 @@
 #include "parallel/models.h"
 
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <numeric>
+#include <sstream>
 
 #include "parallel/ops.h"
 
@@ -143,6 +148,7 @@ ModelEntry dense_entry(
     std::string name, std::string description, std::int64_t rows, std::int64_t in, std::int64_t out,
     std::function<std::shared_ptr<Module>(Generator&, const ModuleOptions&)> make) {
   ModelEntry e;
+  e.family = name;
   e.name = std::move(name);
   e.description = std::move(description);
   e.input = fmt::format("f32 ({}, {})", rows, in);
@@ -161,6 +167,23 @@ ModelEntry dense_entry(
   return e;
 }
 
+// Transformer(args) on tokens (batch, seq_len).
+void set_transformer(ModelEntry& t, const ModelArgs& a, std::int64_t batch, std::int64_t seq) {
+  t.input = fmt::format("i64 tokens ({}, {})", batch, seq);
+  t.build = [a](std::uint64_t seed, const ModuleOptions& o) {
+    Generator gen(seed);
+    return std::make_shared<Transformer>(a, gen, o);
+  };
+  t.batch = [a, batch, seq](std::uint64_t seed, const ModuleOptions& o, std::int64_t scale) {
+    Generator gen(seed ^ 0x5eedba7c4ull);
+    Batch b;
+    b.input = randint({batch * scale, seq}, 0, a.vocab_size, gen, o.device);
+    b.target = randint({batch * scale, seq}, 0, a.vocab_size, gen, o.device);
+    return b;
+  };
+  t.loss = [](const Tensor& out, const Batch& b) { return cross_entropy(out, b.target); };
+}
+
 std::vector<ModelEntry> build_zoo() {
   std::vector<ModelEntry> zoo;
   zoo.push_back(dense_entry(
@@ -175,22 +198,10 @@ std::vector<ModelEntry> build_zoo() {
 
   ModelEntry t;
   t.name = "transformer";
+  t.family = "transformer";
   t.description =
       "Transformer(ModelArgs): 2 layers, vocab 8, max_seq_len 16, dim 16, 4 heads, tied output";
-  t.input = "i64 tokens (8, 8)";
-  t.build = [](std::uint64_t seed, const ModuleOptions& o) {
-    Generator gen(seed);
-    return std::make_shared<Transformer>(ModelArgs{}, gen, o);
-  };
-  t.batch = [](std::uint64_t seed, const ModuleOptions& o, std::int64_t scale) {
-    Generator gen(seed ^ 0x5eedba7c4ull);
-    const ModelArgs a;
-    Batch b;
-    b.input = randint({8 * scale, 8}, 0, a.vocab_size, gen, o.device);
-    b.target = randint({8 * scale, 8}, 0, a.vocab_size, gen, o.device);
-    return b;
-  };
-  t.loss = [](const Tensor& out, const Batch& b) { return cross_entropy(out, b.target); };
+  set_transformer(t, ModelArgs{}, 8, 8);
   zoo.push_back(std::move(t));
   return zoo;
 }
@@ -209,7 +220,99 @@ const ModelEntry& find_model(const std::string& name) {
     names.push_back(e.name);
   }
   throw Error(ErrorCode::InvalidArgument,
-              fmt::format("unknown model '{}' (known: {})", name, fmt::join(names, ", ")));
+              fmt::format("unknown model '{}' (known: {}; or a model JSON file)", name,
+                          fmt::join(names, ", ")));
+}
+
+ModelEntry model_from_json_text(const std::string& text, const std::string& source) {
+  using json = nlohmann::ordered_json;
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("{}: not valid JSON: {}", source, e.what()));
+  }
+  COMMTRACE_CHECK(j.is_object() && j.value("schema", "") == "commtrace.model",
+                  ErrorCode::InvalidArgument, "{}: \"schema\" must be \"commtrace.model\"", source);
+  const std::string version = j.value("version", "");
+  COMMTRACE_CHECK(version.rfind("1.", 0) == 0, ErrorCode::InvalidArgument,
+                  "{}: unsupported model version \"{}\" (this build reads 1.x)", source, version);
+  COMMTRACE_CHECK(j.contains("base") && j["base"].is_string(), ErrorCode::InvalidArgument,
+                  "{}: \"base\" must name a zoo model", source);
+  ModelEntry e = find_model(j["base"].get<std::string>());
+  e.name = j.value("name", source);
+  const json args = j.value("args", json::object());
+  COMMTRACE_CHECK(args.is_object(), ErrorCode::InvalidArgument, "{}: \"args\" must be an object",
+                  source);
+  auto get_int = [&](const char* key, std::int64_t def, std::int64_t lo) {
+    if (!args.contains(key)) return def;
+    COMMTRACE_CHECK(args[key].is_number_integer() && args[key].get<std::int64_t>() >= lo,
+                    ErrorCode::InvalidArgument, "{}: args.{} must be an integer >= {}", source, key,
+                    lo);
+    return args[key].get<std::int64_t>();
+  };
+  auto check_keys = [&](std::initializer_list<const char*> allowed) {
+    for (const auto& [key, value] : args.items()) {
+      bool ok = false;
+      for (const char* a : allowed) ok = ok || key == a;
+      COMMTRACE_CHECK(ok, ErrorCode::InvalidArgument, "{}: unknown arg \"{}\" for base {}", source,
+                      key, e.family);
+    }
+  };
+  if (e.family == "transformer") {
+    check_keys({"n_layers", "vocab_size", "max_seq_len", "dim", "n_heads", "weight_tying", "batch",
+                "seq_len"});
+    ModelArgs a;
+    a.n_layers = int(get_int("n_layers", a.n_layers, 1));
+    a.vocab_size = get_int("vocab_size", a.vocab_size, 1);
+    a.max_seq_len = get_int("max_seq_len", a.max_seq_len, 1);
+    a.dim = get_int("dim", a.dim, 1);
+    a.n_heads = get_int("n_heads", a.n_heads, 1);
+    if (args.contains("weight_tying")) {
+      COMMTRACE_CHECK(args["weight_tying"].is_boolean(), ErrorCode::InvalidArgument,
+                      "{}: args.weight_tying must be true or false", source);
+      a.weight_tying = args["weight_tying"];
+    }
+    COMMTRACE_CHECK(a.dim % a.n_heads == 0, ErrorCode::InvalidArgument,
+                    "{}: dim {} is not divisible by n_heads {}", source, a.dim, a.n_heads);
+    const std::int64_t seq = get_int("seq_len", 8, 1);
+    COMMTRACE_CHECK(seq <= a.max_seq_len, ErrorCode::InvalidArgument,
+                    "{}: seq_len {} exceeds max_seq_len {}", source, seq, a.max_seq_len);
+    set_transformer(e, a, get_int("batch", 8, 1), seq);
+    e.description = fmt::format("Transformer: {} layers, vocab {}, dim {}, {} heads ({})",
+                                a.n_layers, a.vocab_size, a.dim, a.n_heads, source);
+  } else if (e.family == "mlp-stacked") {
+    check_keys({"n_layers"});
+    const int layers = int(get_int("n_layers", 2, 1));
+    e.build = [layers](std::uint64_t seed, const ModuleOptions& o) {
+      Generator gen(seed);
+      return std::shared_ptr<Module>(std::make_shared<MLPStacked>(layers, gen, o));
+    };
+    e.description = fmt::format("MLPStacked: {} layers ({})", layers, source);
+  } else {
+    check_keys({});
+  }
+  return e;
+}
+
+const ModelEntry& resolve_model(const std::string& name_or_file) {
+  if (name_or_file.find(".json") == std::string::npos &&
+      name_or_file.find('/') == std::string::npos) {
+    return find_model(name_or_file);
+  }
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<ModelEntry>> loaded;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = loaded[name_or_file];
+  if (!slot) {
+    std::ifstream in(name_or_file);
+    COMMTRACE_CHECK(in.good(), ErrorCode::Io, "cannot read model file '{}'", name_or_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    slot = std::make_unique<ModelEntry>(model_from_json_text(ss.str(), name_or_file));
+  }
+  return *slot;
 }
 
 }  // namespace commtrace

@@ -118,7 +118,8 @@ struct Batch {
 };
 
 struct ModelEntry {
-  std::string name;         // "toy", "mlp", "mlp-stacked", "transformer"
+  std::string name;         // "toy", "mlp", "mlp-stacked", "transformer", or a model file's name
+  std::string family;       // the zoo model it is built like: built-in plans are per family
   std::string description;  // one line
   std::string input;        // "f32 (20, 10)"
   std::function<std::shared_ptr<Module>(std::uint64_t seed, const ModuleOptions&)> build;
@@ -132,5 +133,11 @@ struct ModelEntry {
 const std::vector<ModelEntry>& model_zoo();
 // REQUIRES: a zoo name (else InvalidArgument listing the names).
 const ModelEntry& find_model(const std::string& name);
+// A zoo name, or a model JSON file (schema in README): {"schema": "commtrace.model",
+// "version": "1.0", "name": "...", "base": "transformer", "args": {"n_layers": 4, ...}}.
+// Entries loaded from files live until exit.
+const ModelEntry& resolve_model(const std::string& name_or_file);
+// The same from JSON text; `source` names it in errors.
+ModelEntry model_from_json_text(const std::string& text, const std::string& source);
 
 }  // namespace commtrace

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <unordered_set>
 
+#include "parallel/dtensor.h"
 #include "parallel/ops.h"
 #include "tracer/tracer.h"
 
@@ -10,9 +11,14 @@ namespace commtrace {
 
 Tensor Module::operator()(const Tensor& input) {
   ModuleScope scope(fqn_, type_);
-  if (scope.module() >= 0 && !params_.empty()) {
+  // Parameter placements are recorded on the module's first call under this tracer.
+  if (scope.module() >= 0 && !params_.empty() &&
+      Tracer::current()->trace().modules[std::size_t(scope.module())].params.empty()) {
     std::vector<ParamInfo> infos;
-    for (const auto& [name, p] : params_) infos.push_back(ParamInfo{name, {}});
+    for (const auto& [name, p] : params_) {
+      infos.push_back(
+          ParamInfo{name, is_dtensor(p) ? placements_str(dist_of(p).placements) : std::string()});
+    }
     Tracer::current()->set_params(scope.module(), std::move(infos));
   }
   Tensor x = input;

@@ -15,6 +15,7 @@ using detail::dispatch;
 using detail::normalize_dim;
 using detail::OpDef;
 using detail::run_kernels;
+using detail::Transposed;
 using i64 = std::int64_t;
 
 namespace {
@@ -166,10 +167,10 @@ int normalize_dim(int dim, int rank, const char* op) {
 }
 
 Tensor dispatch(const OpDef& op, const std::vector<Tensor>& inputs, const Compute& compute,
-                const ShapeFn& record_shapes, const ShardingRule* rule) {
+                const Transposed& transposed, const ShardingRule* rule) {
   for (const Tensor& t : inputs) {
     if (t.defined() && t.impl()->dist) {
-      return dispatch_dtensor(op, inputs, compute, record_shapes, rule);
+      return dispatch_dtensor(op, inputs, compute, transposed, rule);
     }
   }
   bool has_bf16 = false;
@@ -212,12 +213,10 @@ Tensor dispatch(const OpDef& op, const std::vector<Tensor>& inputs, const Comput
     r.name = op.name;
     r.overload = op.overload;
     r.dtype = first ? first->dtype() : out.dtype();
-    const std::vector<Shape> shown = record_shapes ? record_shapes(inputs) : std::vector<Shape>{};
     std::size_t k = 0;
     for (const Tensor& t : inputs) {
       if (!t.defined()) continue;
-      const Shape& s = shown.empty() ? t.shape() : shown[k++];
-      r.inputs.push_back(TensorMeta{s, s, {}});
+      r.inputs.push_back(recorded_meta(t, !transposed.empty() && transposed[k++]));
     }
     r.outputs.push_back(TensorMeta{out.shape(), out.shape(), {}});
     r.time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -230,15 +229,28 @@ Tensor dispatch(const OpDef& op, const std::vector<Tensor>& inputs, const Comput
 
 // ---------------------------------------------------------------- creation and copies
 
+namespace {
+// *_like ops read only the input's shape: it stays where it is (no collective) and the output
+// takes its layout, a Partial one becoming Replicate (PyTorch's create_like strategy).
+const ShardingRule& like_rule() {
+  static const ShardingRule r{
+      [](const std::vector<Tensor>&, const std::vector<Placement>& cur, const DeviceMesh&, int) {
+        const Placement out = cur[0].is_partial() ? Placement::replicate() : cur[0];
+        return std::vector<DimStrategy>{{{cur[0]}, out}};
+      },
+      nullptr};
+  return r;
+}
+}  // namespace
+
 Tensor ones_like(const Tensor& x) {
   static const OpDef def{"ones_like", "default", EventKind::Compute, false};
-  static const ShardingRule rule = pointwise_rule(false);
   return dispatch(
       def, {x},
       [](const std::vector<Tensor>& in) {
         return Tensor::full(in[0].shape(), 1.0, in[0].dtype(), in[0].device());
       },
-      {}, &rule);
+      {}, &like_rule());
 }
 
 Tensor zeros_like(const Tensor& x) {
@@ -248,7 +260,7 @@ Tensor zeros_like(const Tensor& x) {
       [](const std::vector<Tensor>& in) {
         return Tensor::zeros(in[0].shape(), in[0].dtype(), in[0].device());
       },
-      {}, &linear_pointwise());
+      {}, &like_rule());
 }
 
 Tensor clone(const Tensor& x) {
@@ -653,13 +665,8 @@ Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& bias, bool trans_a, 
   }
   const OpDef& def = rank == 3 ? bmm_def : has_bias ? addmm_def : mm_def;
   const ShardingRule rule = matmul_rule(rank, trans_a, trans_b, has_bias);
-  const auto shapes = [=](const std::vector<Tensor>& in) {
-    std::vector<Shape> out;
-    if (has_bias) out.push_back(in[0].shape());
-    out.push_back(op_shape(in[has_bias ? 1 : 0].shape(), trans_a));
-    out.push_back(op_shape(in[has_bias ? 2 : 1].shape(), trans_b));
-    return out;
-  };
+  Transposed transposed{trans_a, trans_b};
+  if (has_bias) transposed.insert(transposed.begin(), false);
   return dispatch(
       def, inputs,
       [=](const std::vector<Tensor>& in) {
@@ -689,7 +696,7 @@ Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& bias, bool trans_a, 
         });
         return o;
       },
-      shapes, &rule);
+      transposed, &rule);
 }
 
 namespace {

@@ -82,8 +82,9 @@ struct OpDef {
 };
 
 using Compute = std::function<Tensor(const std::vector<Tensor>& inputs)>;
-// The input shapes to record, when they differ from the tensors' (a GEMM records op(b)).
-using ShapeFn = std::function<std::vector<Shape>(const std::vector<Tensor>& inputs)>;
+// Per defined input: record it with its last two dims swapped (a GEMM records op(b) = bᵀ, its
+// shape and its placements, as PyTorch records the transposed operand). Empty: none.
+using Transposed = std::vector<bool>;
 
 // The one dispatcher. With DTensor inputs it applies the sharding rule (sharding.h; all
 // Replicate when null), redistributes, and re-enters itself on the local shards. On plain
@@ -92,7 +93,7 @@ using ShapeFn = std::function<std::vector<Shape>(const std::vector<Tensor>& inpu
 // is active. compute derives every size from its inputs, so it runs on local shards and on
 // meta tensors of the global shapes alike. Undefined inputs are skipped.
 Tensor dispatch(const OpDef& op, const std::vector<Tensor>& inputs, const Compute& compute,
-                const ShapeFn& record_shapes = {}, const ShardingRule* rule = nullptr);
+                const Transposed& transposed = {}, const ShardingRule* rule = nullptr);
 
 // True when kernels must run for a result on this device (cpu); false on meta (shape only).
 // cuda: the dispatch point of the CUDA backend.

@@ -52,8 +52,8 @@ RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg) {
   s.mesh = std::make_shared<DeviceMesh>(ctx, shape);
   s.tp = s.mesh->ndim() == 2 ? s.mesh->sub(1) : s.mesh;
   if (s.mesh->ndim() == 2) s.dp = &s.mesh->comm(0);
-  s.entry = &find_model(cfg.model);
-  s.plan = resolve_plan(cfg.model, cfg.plan);
+  s.entry = &resolve_model(cfg.model);
+  s.plan = resolve_plan(s.entry->family, cfg.plan);
   s.model = s.entry->build(cfg.seed, cfg.module);
   parallelize_module(*s.model, s.tp, s.plan);
 
@@ -142,7 +142,7 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
                   ErrorCode::InvalidArgument,
                   "device {} needs the fake backend (the threads backend moves real data)",
                   device_name(cfg.module.device));
-  const Plan plan = resolve_plan(cfg.model, cfg.plan);  // fail early, before any thread
+  const Plan plan = resolve_plan(resolve_model(cfg.model).family, cfg.plan);  // fail early
 
   std::vector<Trace> traces(traced.size());
   std::vector<double> rank0_losses;
@@ -236,7 +236,7 @@ std::string factor_of(const std::vector<double>& a, const std::vector<double>& b
 }
 
 Values reference_run(const ParallelConfig& cfg, const Plan& plan, int dp, int tp) {
-  const ModelEntry& entry = find_model(cfg.model);
+  const ModelEntry& entry = resolve_model(cfg.model);
   auto model = entry.build(cfg.seed, cfg.module);
   Batch b = entry.batch(cfg.seed, cfg.module, global_rows_scale(plan, dp, tp));
   const bool input_grad = cfg.input_requires_grad && is_floating(b.input.dtype());
@@ -260,7 +260,7 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
                   "verify: runs on cpu (got {})", device_name(cfg.module.device));
   const std::vector<int> shape = mesh_shape(cfg);
   const int dp = shape.size() == 2 ? shape[0] : 1, tp = shape.back();
-  const Plan plan = resolve_plan(cfg.model, cfg.plan);
+  const Plan plan = resolve_plan(resolve_model(cfg.model).family, cfg.plan);
   const Values ref = reference_run(cfg, plan, dp, tp);
 
   Values par;

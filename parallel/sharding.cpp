@@ -28,6 +28,24 @@ Placement map_to_input(const Placement& out, int out_rank, const Shape& out_shap
 
 }  // namespace
 
+TensorMeta recorded_meta(const Tensor& t, bool transposed) {
+  auto swap_last = [&](Shape s) {
+    if (transposed && s.size() >= 2) std::swap(s[s.size() - 2], s[s.size() - 1]);
+    return s;
+  };
+  if (!is_dtensor(t)) {
+    const Shape s = swap_last(t.shape());
+    return TensorMeta{s, s, {}};
+  }
+  const DistSpec& d = dist_of(t);
+  Placements pl = d.placements;
+  const int last = t.dim() - 1;
+  for (Placement& p : pl) {
+    if (transposed && p.is_shard() && p.dim >= last - 1) p.dim = p.dim == last ? last - 1 : last;
+  }
+  return TensorMeta{swap_last(d.local.shape()), swap_last(t.shape()), placements_str(pl)};
+}
+
 Tensor wrap_like(const Tensor& aux_local, const Tensor& like, const Shape& global,
                  Placements placements) {
   if (!is_dtensor(like)) return aux_local;
@@ -197,7 +215,7 @@ ShardingRule expand_rule(int added_dims) {
 namespace detail {
 
 Tensor dispatch_dtensor(const OpDef& op, const std::vector<Tensor>& inputs, const Compute& compute,
-                        const ShapeFn& record_shapes, const ShardingRule* rule) {
+                        const Transposed& transposed, const ShardingRule* rule) {
   std::shared_ptr<const DeviceMesh> mesh;
   for (const Tensor& t : inputs) {
     if (!is_dtensor(t)) continue;
@@ -266,17 +284,11 @@ Tensor dispatch_dtensor(const OpDef& op, const std::vector<Tensor>& inputs, cons
     rec.overload = op.overload;
     rec.sharded = true;
     rec.mesh = mesh->str();
-    const std::vector<Shape> shown = record_shapes ? record_shapes(inputs) : std::vector<Shape>{};
     std::size_t k = 0;
-    for (std::size_t i = 0; i < inputs.size(); ++i) {
-      const Tensor& t = inputs[i];
+    for (const Tensor& t : inputs) {
       if (!t.defined()) continue;
-      const Shape& g = shown.empty() ? t.shape() : shown[k];
-      rec.inputs.push_back(
-          TensorMeta{is_dtensor(t) ? dist_of(t).local.shape() : t.shape(), g,
-                     is_dtensor(t) ? placements_str(dist_of(t).placements) : std::string()});
+      rec.inputs.push_back(recorded_meta(t, !transposed.empty() && transposed[k++]));
       if (rec.inputs.size() == 1) rec.dtype = t.dtype();
-      ++k;
     }
     tracer->record(std::move(rec));
     record_at = tracer->trace().records.size() - 1;
@@ -301,9 +313,9 @@ Tensor dispatch_dtensor(const OpDef& op, const std::vector<Tensor>& inputs, cons
     local = dispatch(
         op, locals,
         [&](const std::vector<Tensor>& in) { return r.local_compute(in, out_pl, *mesh); },
-        record_shapes);
+        transposed);
   } else {
-    local = dispatch(op, locals, compute, record_shapes);
+    local = dispatch(op, locals, compute, transposed);
   }
   Tensor out = wrap_dtensor(local, mesh, out_pl, global);
   if (tracer) {

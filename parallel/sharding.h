@@ -39,7 +39,7 @@ struct ShardingRule {
 namespace detail {
 // The DTensor path of dispatch(): REQUIRES some input is a DTensor.
 Tensor dispatch_dtensor(const OpDef& op, const std::vector<Tensor>& inputs, const Compute& compute,
-                        const ShapeFn& record_shapes, const ShardingRule* rule);
+                        const Transposed& transposed, const ShardingRule* rule);
 }  // namespace detail
 
 // ---- rules of the op layer ----
@@ -63,6 +63,10 @@ ShardingRule reduce_rule(std::vector<int> dims, bool keepdim);
 ShardingRule expand_rule(int added_dims);
 // Everything Replicate (the safe default).
 ShardingRule replicate_rule();
+
+// How the tracer sees an op input (local and global shape, placements), last two dims swapped
+// when `transposed`.
+TensorMeta recorded_meta(const Tensor& t, bool transposed);
 
 // Wraps an auxiliary local result of an op (a saved mean, a dropout mask) as a DTensor beside
 // the op's DTensor output; a plain `like` leaves it plain.

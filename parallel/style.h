@@ -90,8 +90,8 @@ Plan plan_from_json_text(const std::string& text, const std::string& source);
 Plan load_plan_file(const std::string& path);
 // Built-in plans: toy and mlp "tp", "sp"; mlp-stacked "tp"; transformer "tp", "sp".
 Plan builtin_plan(const std::string& model, const std::string& plan);
-// A built-in name, or a path to a JSON file.
-Plan resolve_plan(const std::string& model, const std::string& plan_or_file);
+// A built-in name of the model family, or a path to a JSON file.
+Plan resolve_plan(const std::string& family, const std::string& plan_or_file);
 std::vector<std::string> builtin_plan_names(const std::string& model);
 
 }  // namespace commtrace

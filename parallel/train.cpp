@@ -11,7 +11,7 @@ void train(const TrainOptions& opts, const std::function<void(const StepResult&)
                   opts.steps);
   COMMTRACE_CHECK(opts.module.device != Device::CUDA, ErrorCode::Unsupported,
                   "train: device cuda is not available in this build (cpu or meta)");
-  const ModelEntry& entry = find_model(opts.model);
+  const ModelEntry& entry = resolve_model(opts.model);
   std::shared_ptr<Module> model = entry.build(opts.seed, opts.module);
   const Batch batch = entry.batch(opts.seed, opts.module, 1);
 

@@ -88,7 +88,10 @@ bool Trace::is_within(int module, int ancestor) const {
   return false;
 }
 
-Tracer::Tracer(int rank) { trace_.rank = rank; }
+Tracer::Tracer(int rank) {
+  trace_.rank = rank;
+  trace_.records.reserve(1024);
+}
 
 Tracer* Tracer::current() { return g_current; }
 

@@ -3,12 +3,14 @@
 // figures of one run as ratios (e.g. OpTraced / OpUntraced).
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <optional>
 
 #include "kernels/cpu.h"
 #include "parallel/models.h"
 #include "parallel/ops.h"
 #include "parallel/optim.h"
+#include "parallel/runner.h"
 #include "tracer/tracer.h"
 
 using namespace commtrace;
@@ -82,6 +84,42 @@ void BM_TransformerStep(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_TransformerStep)->Arg(0)->Arg(1)->ArgName("traced");
+
+// One transformer training step (forward, loss, backward, AdamW) on range(1) ranks of the
+// threads backend, TP plan, traced on every rank when range(0) == 1. Each benchmark iteration is
+// one launch running kSteps steps; the reported time is per step (set manually, setup excluded).
+void BM_TransformerStepParallel(benchmark::State& state) {
+  constexpr int kSteps = 20;
+  const bool traced = state.range(0) == 1;
+  ParallelConfig cfg;
+  cfg.model = "transformer";
+  cfg.plan = "tp";
+  cfg.world_size = int(state.range(1));
+  for (auto _ : state) {
+    double seconds = 0;
+    launch(cfg.world_size, [&](RankContext& ctx) {
+      RankState s = setup_rank(ctx, cfg);
+      AdamW opt(s.model->parameters(), 1e-3);
+      Tracer tr(ctx.rank());
+      std::optional<TracerActivation> on;
+      if (traced) on.emplace(tr);
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < kSteps; ++i) {
+        opt.zero_grad();
+        forward_loss(s).loss.backward();
+        opt.step();
+      }
+      if (ctx.rank() == 0) {
+        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+    });
+    state.SetIterationTime(seconds / kSteps);
+  }
+}
+BENCHMARK(BM_TransformerStepParallel)
+    ->ArgsProduct({{0, 1}, {2, 4}})
+    ->ArgNames({"traced", "world"})
+    ->UseManualTime();
 
 }  // namespace
 

@@ -1,0 +1,204 @@
+// Parallel styles, plans and verify: pattern matching and its errors, plan JSON parsing and its
+// errors, SequenceParallel's Partial gradients reduced in the optimizer phase, and verify's
+// comparison (passing configurations, and a wrong plan reported with its constant factor).
+#include <mutex>
+#include <string>
+
+#include "parallel/models.h"
+#include "parallel/runner.h"
+#include "parallel/style.h"
+#include "tests/catch_compat.h"
+#include "tracer/tracer.h"
+
+using namespace commtrace;
+
+namespace {
+template <class F>
+std::string error_text(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// parallelize_module on every rank of a 1-D mesh; returns rank 0's error text ("" if none).
+std::string parallelize_error(const std::string& model, const Plan& plan, int world = 2) {
+  std::string err;
+  std::mutex mu;
+  launch(world, [&](RankContext& ctx) {
+    auto mesh = std::make_shared<DeviceMesh>(ctx, std::vector<int>{world});
+    auto m = find_model(model).build(0, {});
+    const std::string e = error_text([&] { parallelize_module(*m, mesh, plan); });
+    std::lock_guard<std::mutex> lock(mu);
+    if (ctx.rank() == 0) err = e;
+  });
+  return err;
+}
+}  // namespace
+
+TEST_CASE("'*' matches one path segment", "[style]") {
+  auto m = find_model("transformer").build(0, {});
+  REQUIRE(match_modules(*m, "layers.*.attention.wq") ==
+          std::vector<std::string>{"layers.0.attention.wq", "layers.1.attention.wq"});
+  REQUIRE(match_modules(*m, "layers.*.wq").empty());
+  REQUIRE(match_modules(*m, "*") == std::vector<std::string>{"tok_embeddings", "pos_embeddings",
+                                                             "dropout", "layers", "norm",
+                                                             "output"});
+  REQUIRE(match_modules(*m, "output") == std::vector<std::string>{"output"});
+}
+
+TEST_CASE("plans that do not fit the model are errors naming the pattern", "[style]") {
+  Plan missing = builtin_plan("toy", "tp");
+  missing.styles.emplace_back("decoder", std::make_shared<ColwiseParallel>());
+  const std::string e1 = parallelize_error("toy", missing);
+  REQUIRE(contains(e1, "pattern 'decoder' matches no module"));
+
+  Plan wrong_type;
+  wrong_type.name = "bad";
+  wrong_type.styles.emplace_back("relu", std::make_shared<ColwiseParallel>());
+  const std::string e2 = parallelize_error("toy", wrong_type);
+  REQUIRE(contains(e2, "pattern 'relu'"));
+  REQUIRE(contains(e2, "'ToyModel.relu' (ReLU): only Linear and Embedding"));
+
+  REQUIRE(contains(error_text([] { builtin_plan("mlp-stacked", "sp"); }), "no built-in plan 'sp'"));
+  REQUIRE(contains(error_text([] { builtin_plan("resnet", "tp"); }), "no built-in plans"));
+}
+
+TEST_CASE("plan JSON: schema, styles, layouts and errors", "[style]") {
+  const Plan p = plan_from_json_text(R"j({
+    "schema": "commtrace.plan", "version": "1.0", "name": "toy-sp",
+    "model_input": "Shard(0)", "model_output": "Shard(0)",
+    "plan": {
+      "in_proj": {"style": "ColwiseParallel", "input_layouts": "Shard(0)"},
+      "out_proj": {"style": "RowwiseParallel", "output_layouts": ["Shard(0)"]}
+    }})j",
+                                     "toy-sp.json");
+  REQUIRE(p.name == "toy-sp");
+  REQUIRE(p.styles.size() == 2);
+  REQUIRE(p.styles[0].first == "in_proj");
+  REQUIRE(p.styles[0].second->str() == "ColwiseParallel(input_layouts=Shard(dim=0))");
+  REQUIRE(p.styles[1].second->str() == "RowwiseParallel(output_layouts=Shard(dim=0))");
+  REQUIRE(p.model_input == Placement::shard(0));
+
+  auto err = [](const std::string& text) {
+    return error_text([&] { plan_from_json_text(text, "p.json"); });
+  };
+  const std::string head = R"j("schema": "commtrace.plan", "version": "1.0", )j";
+  REQUIRE(contains(err("{"), "p.json: not valid JSON"));
+  REQUIRE(contains(err(R"j({"schema": "x", "version": "1.0", "plan": {}})j"), "schema"));
+  REQUIRE(contains(err(R"j({"schema": "commtrace.plan", "version": "2.0", "plan": {"a": 1}})j"),
+                   "unsupported plan version \"2.0\""));
+  REQUIRE(contains(err("{" + head + R"j("plan": {"a": {"style": "Diagonal"}}})j"),
+                   "unknown style \"Diagonal\""));
+  REQUIRE(contains(err("{" + head + R"j("plan": {"a": {"style": "ColwiseParallel", "bias": 1}}})j"),
+                   "unknown key \"bias\""));
+  REQUIRE(
+      contains(err("{" + head +
+                   R"j("plan": {"a": {"style": "ColwiseParallel", "input_layouts": "Z(1)"}}})j"),
+               "plan.a.input_layouts: unknown placement 'Z(1)'"));
+  REQUIRE(contains(err("{" + head + R"j("plan": {}})j"), "non-empty"));
+  REQUIRE(contains(error_text([] { load_plan_file("/nonexistent/plan.json"); }),
+                   "cannot read plan file"));
+}
+
+TEST_CASE("placements parse in short and PyTorch forms", "[style]") {
+  REQUIRE(parse_placement("S(0)") == Placement::shard(0));
+  REQUIRE(parse_placement("Shard(dim=-1)") == Placement::shard(-1));
+  REQUIRE(parse_placement("Replicate()") == Placement::replicate());
+  REQUIRE(parse_placement("Partial(avg)") == Placement::partial(ReduceOp::Avg));
+  REQUIRE(placements_str({Placement::shard(1), Placement::replicate()}) ==
+          "(Shard(dim=1), Replicate())");
+  REQUIRE_THROWS_AS(parse_placement("Shard(x)"), Error);
+  REQUIRE(chunk_range(8, 3, 2).size == 2);
+  REQUIRE(chunk_range(20, 8, 7).size == 0);
+}
+
+TEST_CASE("SequenceParallel norms: Partial gradients reduced in the optimizer phase",
+          "[style][optimizer]") {
+  TraceOptions o;
+  o.cfg.model = "transformer";
+  o.cfg.plan = "sp";
+  o.cfg.world_size = 2;
+  const Trace t = trace_run(o).at(0);
+  int optimizer_all_reduce = 0, other_optimizer = 0;
+  std::string reason;
+  for (const OpRecord& r : t.records) {
+    if (r.phase != Phase::Optimizer || r.kind != EventKind::Collective) continue;
+    if (r.name == "all_reduce") {
+      ++optimizer_all_reduce;
+      reason = r.reason;
+      REQUIRE(r.collective.placements_before == "(Partial(sum),)");
+      REQUIRE(r.collective.placements_after == "(Replicate(),)");
+    } else {
+      ++other_optimizer;
+    }
+  }
+  // 2 layers × (attention_norm, ffn_norm) × (weight, bias) + the final norm's 2.
+  REQUIRE(optimizer_all_reduce == 10);
+  REQUIRE(other_optimizer == 0);
+  REQUIRE(contains(reason, "optimizer"));
+}
+
+TEST_CASE("verify passes on uneven shards, input gradients and a dp × tp mesh", "[verify]") {
+  struct Case {
+    const char* model;
+    const char* plan;
+    int world;
+    std::vector<int> mesh;
+    bool input_grad;
+  };
+  for (const Case& c : std::vector<Case>{{"toy", "sp", 3, {}, true},
+                                         {"mlp", "tp", 4, {2, 2}, true},
+                                         {"transformer", "sp", 3, {}, false},
+                                         {"transformer", "tp", 4, {2, 2}, false}}) {
+    ParallelConfig cfg;
+    cfg.model = c.model;
+    cfg.plan = c.plan;
+    cfg.world_size = c.world;
+    cfg.mesh = c.mesh;
+    cfg.input_requires_grad = c.input_grad;
+    const VerifyReport r = verify(cfg);
+    INFO(c.model << " " << c.plan << " world " << c.world);
+    for (const TensorCheck& t : r.checks) {
+      INFO(t.name << " " << t.max_rel_err << " " << t.factor);
+      REQUIRE(t.pass);
+    }
+    REQUIRE(r.pass());
+  }
+}
+
+TEST_CASE("verify reports a wrong plan with the constant factor of its gradients", "[verify]") {
+  // Declares the TP output (replicated) as sharded: the loss counts every copy once per rank,
+  // so every parameter gradient comes out 1/world of the reference.
+  const std::string path = "verify_wrong_plan.json";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fputs(R"j({"schema": "commtrace.plan", "version": "1.0", "model_output": "Shard(0)",
+      "plan": {"in_proj": {"style": "ColwiseParallel"}, "out_proj": {"style": "RowwiseParallel"}}})j",
+               f);
+    std::fclose(f);
+  }
+  ParallelConfig cfg;
+  cfg.model = "toy";
+  cfg.plan = path;
+  cfg.world_size = 4;
+  const VerifyReport r = verify(cfg);
+  REQUIRE_FALSE(r.pass());
+  bool saw_factor = false;
+  for (const TensorCheck& t : r.checks) {
+    if (t.name == "in_proj.weight.grad") {
+      REQUIRE_FALSE(t.pass);
+      REQUIRE(t.factor == "×1/4 (1/world size)");
+      saw_factor = true;
+    }
+  }
+  REQUIRE(saw_factor);
+  std::remove(path.c_str());
+}

@@ -1,0 +1,454 @@
+// Counts, diff, baseline check, expectations and cross-rank consistency on real traces of the
+// runtime (toy and mlp, TP and SP, world 4), matching the DESIGN §2 table, plus one diff against
+// PyTorch's golden CommDebugMode dump.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "parallel/runner.h"
+#include "report/baseline.h"
+#include "report/consistency.h"
+#include "report/counts.h"
+#include "report/diff.h"
+#include "report/trace_json.h"
+#include "tests/catch_compat.h"
+
+using namespace commtrace;
+using json = nlohmann::ordered_json;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<Trace> run(const std::string& model = "toy", const std::string& plan = "tp",
+                       bool input_requires_grad = false, int iters = 1,
+                       std::vector<int> ranks = {}) {
+  TraceOptions o;
+  o.cfg.model = model;
+  o.cfg.plan = plan;
+  o.cfg.world_size = 4;
+  o.cfg.input_requires_grad = input_requires_grad;
+  o.iters = iters;
+  o.ranks = std::move(ranks);
+  return trace_run(o);
+}
+
+const Trace& toy_tp() {
+  static const Trace t = run()[0];
+  return t;
+}
+const Trace& toy_sp() {
+  static const Trace t = run("toy", "sp")[0];
+  return t;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  for (std::size_t pos = 0; pos < text.size();) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    out.push_back(text.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return out;
+}
+
+// The rows under the module line `fqn` of a diff, with runs of spaces collapsed.
+std::vector<std::string> block(const std::string& text, const std::string& fqn) {
+  std::vector<std::string> rows;
+  bool in = false;
+  for (const std::string& line : lines_of(text)) {
+    if (line.rfind("  ", 0) != 0) {
+      in = line == fqn || line.rfind(fqn + "   (", 0) == 0;
+      continue;
+    }
+    if (!in) continue;
+    std::string squeezed;
+    for (char c : line) {
+      if (c != ' ' || (!squeezed.empty() && squeezed.back() != ' ')) squeezed += c;
+    }
+    while (!squeezed.empty() && squeezed.back() == ' ') squeezed.pop_back();
+    rows.push_back(squeezed);
+  }
+  return rows;
+}
+
+bool has_line(const std::vector<std::string>& lines, const std::string& line) {
+  for (const std::string& l : lines) {
+    if (l == line) return true;
+  }
+  return false;
+}
+
+int count_of(const ModuleCounts* m, Phase p, const std::string& op) {
+  if (!m) return -1;
+  const auto it = m->phases[std::size_t(p)].find(op);
+  return it == m->phases[std::size_t(p)].end() ? 0 : it->second.count;
+}
+
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::InvalidArgument);
+    return e.what();
+  }
+  return "";
+}
+
+// A hand-made trace: Global > M > {M.a, M.b}; collectives given as (module, phase, name).
+Trace tiny(const std::vector<std::tuple<int, Phase, std::string>>& ops) {
+  Trace t;
+  t.modules.push_back(ModuleNode{"M", "Net", 0, 1, {2, 3}, {}});
+  t.modules.push_back(ModuleNode{"M.a", "Linear", 1, 2, {}, {}});
+  t.modules.push_back(ModuleNode{"M.b", "Linear", 1, 2, {}, {}});
+  t.modules[0].children = {1};
+  for (const auto& [m, p, name] : ops) {
+    OpRecord r;
+    r.kind = EventKind::Collective;
+    r.name = name;
+    r.phase = p;
+    r.module = m;
+    r.collective.bytes = 100;
+    t.records.push_back(r);
+  }
+  t.metadata = {{"model", "tiny"}, {"plan", "x"}};
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("counts: rolled up per module and phase, Global first", "[report][counts]") {
+  const CountTree c = collective_counts(toy_tp());
+  REQUIRE(c.has_bytes);
+  REQUIRE(c.modules.size() >= 4);
+  REQUIRE(c.modules[0].fqn == "Global");
+  REQUIRE(c.modules[1].fqn == "ToyModel");
+  REQUIRE(c.modules[1].depth == 1);
+  REQUIRE(c.find("ToyModel.in_proj")->depth == 2);
+  REQUIRE(c.find("nope") == nullptr);
+  for (const char* m : {"Global", "ToyModel", "ToyModel.out_proj"}) {
+    INFO(m);
+    REQUIRE(count_of(c.find(m), Phase::Forward, "all_reduce") == 1);
+    // (20, 5) f32 activation all-reduced in forward.
+    REQUIRE(c.find(m)->phases[0].at("all_reduce").bytes == 20 * 5 * 4);
+  }
+  REQUIRE(count_of(c.find("ToyModel.in_proj"), Phase::Forward, "all_reduce") == 0);
+  REQUIRE(c.find("Global")->phases[std::size_t(Phase::Backward)].empty());
+
+  const CountTree sp = collective_counts(toy_sp());
+  REQUIRE(count_of(sp.find("Global"), Phase::Forward, "all_gather") == 1);
+  REQUIRE(count_of(sp.find("Global"), Phase::Forward, "reduce_scatter") == 1);
+  REQUIRE(count_of(sp.find("Global"), Phase::Backward, "all_gather") == 1);
+  REQUIRE(count_of(sp.find("ToyModel.in_proj"), Phase::Forward, "all_gather") == 1);
+  REQUIRE(count_of(sp.find("ToyModel.out_proj"), Phase::Forward, "reduce_scatter") == 1);
+
+  SECTION("per iteration") {
+    const Trace t3 = run("toy", "tp", false, 3)[0];
+    REQUIRE(trace_iterations(t3) == 3);
+    REQUIRE(count_of(collective_counts(t3).find("Global"), Phase::Forward, "all_reduce") == 3);
+    REQUIRE(count_of(collective_counts_per_iteration(t3).find("Global"), Phase::Forward,
+                     "all_reduce") == 1);
+    Trace odd = t3;
+    odd.metadata["iterations"] = "2";
+    REQUIRE(contains(error_of([&] { collective_counts_per_iteration(odd); }), "not a whole"));
+    odd.metadata["iterations"] = "zero";
+    REQUIRE(contains(error_of([&] { trace_iterations(odd); }), "'zero'"));
+  }
+  SECTION("PyTorch keys count under canonical names") {
+    const Trace t = tiny({{2, Phase::Forward, "c10d_functional.all_gather_into_tensor"},
+                          {3, Phase::Forward, "all_gather"}});
+    const CountTree tc = collective_counts(t);
+    REQUIRE(count_of(tc.find("M"), Phase::Forward, "all_gather") == 2);
+    REQUIRE(count_of(tc.find("M.a"), Phase::Forward, "all_gather") == 1);
+    REQUIRE(tc.find("M")->phases[0].at("all_gather").bytes == 200);
+  }
+}
+
+TEST_CASE("diff: toy TP vs SP", "[report][diff]") {
+  DiffOptions o;
+  o.label_a = "tp.json";
+  o.label_b = "sp.json";
+  const DiffResult d = diff_traces(toy_tp(), toy_sp(), o);
+  INFO(d.text);
+  REQUIRE_FALSE(d.equal);
+  REQUIRE(contains(d.text, "--- tp.json: toy tp (world 4"));
+  REQUIRE(contains(d.text, "+++ sp.json: toy sp (world 4"));
+  // DESIGN §2, per module (spacing aside).
+  REQUIRE(
+      block(d.text, "ToyModel") ==
+      std::vector<std::string>{"forward all_reduce 1 → 0 (−1) bytes 400 B → 0 B (−400 B)",
+                               "all_gather 0 → 1 (+1) bytes 0 B → 3.12 KiB (+3.12 KiB)",
+                               "reduce_scatter 0 → 1 (+1) bytes 0 B → 1.56 KiB (+1.56 KiB)",
+                               "backward all_gather 0 → 1 (+1) bytes 0 B → 1.56 KiB (+1.56 KiB)"});
+  REQUIRE(
+      block(d.text, "ToyModel.in_proj") ==
+      std::vector<std::string>{"forward all_gather 0 → 1 (+1) bytes 0 B → 3.12 KiB (+3.12 KiB)"});
+  REQUIRE(block(d.text, "ToyModel.out_proj").size() == 3);
+  REQUIRE(contains(d.text, "\ntotals: forward "));
+  REQUIRE(contains(d.text, "+1 all_gather, +1 reduce_scatter; backward +1 all_gather\n"));
+  REQUIRE_FALSE(contains(d.text, "\x1b["));
+  // Columns: every "→" of the module rows is in the same column.
+  std::size_t column = std::string::npos;
+  std::size_t rows = 0;
+  for (const std::string& line : lines_of(d.text)) {
+    const std::size_t arrow = line.find("→");
+    if (line.rfind("  ", 0) != 0 || arrow == std::string::npos) continue;
+    std::size_t col = 0;  // in characters
+    for (std::size_t i = 0; i < arrow; ++i) {
+      col += (static_cast<unsigned char>(line[i]) & 0xC0) != 0x80;
+    }
+    if (column == std::string::npos) column = col;
+    REQUIRE(col == column);
+    ++rows;
+  }
+  REQUIRE(rows >= 8);
+
+  SECTION("colour only when asked") {
+    o.color = true;
+    const DiffResult c = diff_traces(toy_tp(), toy_sp(), o);
+    REQUIRE(contains(c.text, "\x1b[31m"));
+    REQUIRE(contains(c.text, "\x1b[32m"));
+  }
+}
+
+// DESIGN §2 totals: SP issues no all_reduce in forward (the backward seed of its Partial loss is
+// made by ones_like, which reads only the shape: no collective, as in DTensor).
+TEST_CASE("diff: toy TP vs SP totals as in DESIGN", "[report][diff]") {
+  const DiffResult d = diff_traces(toy_tp(), toy_sp());
+  INFO(d.text);
+  REQUIRE(contains(d.text,
+                   "totals: forward −1 all_reduce, +1 all_gather, +1 reduce_scatter; "
+                   "backward +1 all_gather\n"));
+}
+
+TEST_CASE("diff: equal traces", "[report][diff]") {
+  const DiffResult d = diff_traces(toy_tp(), toy_tp());
+  REQUIRE(d.equal);
+  REQUIRE(contains(d.text, "no differences"));
+  // Per iteration: three iterations of the same plan equal one.
+  const DiffResult d3 = diff_traces(toy_tp(), run("toy", "tp", false, 3)[0]);
+  INFO(d3.text);
+  REQUIRE(d3.equal);
+}
+
+TEST_CASE("diff: bytes, modules on one side only", "[report][diff]") {
+  const Trace a = tiny({{2, Phase::Forward, "all_reduce"}});
+  Trace b = tiny({{2, Phase::Forward, "all_reduce"}});
+  b.records[0].collective.bytes = 300;
+  const DiffResult bytes = diff_traces(a, b);
+  INFO(bytes.text);
+  REQUIRE_FALSE(bytes.equal);
+  REQUIRE(contains(bytes.text, "bytes 100 B \u2192 300 B"));
+  REQUIRE(contains(bytes.text, "totals: forward all_reduce bytes +200 B"));
+
+  Trace c = tiny({{2, Phase::Forward, "all_reduce"}, {4, Phase::Backward, "all_gather"}});
+  c.modules.push_back(ModuleNode{"M.extra", "Linear", 1, 2, {}, {}});
+  c.modules[1].children.push_back(4);
+  const DiffResult only = diff_traces(a, c);
+  INFO(only.text);
+  REQUIRE(contains(only.text, "M.extra   (only in B)"));
+  REQUIRE(contains(only.text, "totals: backward +1 all_gather"));
+
+  // A module without collectives on one side only is not a difference.
+  Trace e = a;
+  e.modules.push_back(ModuleNode{"M.idle", "ReLU", 1, 2, {}, {}});
+  e.modules[1].children.push_back(4);
+  REQUIRE(diff_traces(a, e).equal);
+  // Collectives that moved between modules leave the totals unchanged.
+  const DiffResult moved = diff_traces(a, tiny({{3, Phase::Forward, "all_reduce"}}));
+  REQUIRE_FALSE(moved.equal);
+  REQUIRE(contains(moved.text, "totals: unchanged"));
+}
+
+TEST_CASE("load_traces + diff: PyTorch's golden MLP dump vs our MLP TP trace", "[report][diff]") {
+  const std::string golden =
+      (fs::path(COMMTRACE_TEST_DATA_DIR) / "torch" / "golden_mlp_tp_comm_mode_log_noise0.json")
+          .string();
+  const std::vector<Trace> torch = load_traces(golden);
+  REQUIRE(torch.size() == 1);
+  REQUIRE(torch[0].find_module("MLPModule.net2") > 0);
+  REQUIRE_FALSE(collective_counts(torch[0]).has_bytes);
+  const Trace ours = run("mlp", "tp")[0];
+  DiffOptions o;
+  o.label_a = "commtrace";
+  o.label_b = "pytorch";
+  const DiffResult d = diff_traces(ours, torch[0], o);
+  INFO(d.text);
+  REQUIRE(d.equal);
+  // ...and toy SP against it differs.
+  REQUIRE_FALSE(diff_traces(toy_sp(), torch[0]).equal);
+}
+
+TEST_CASE("baseline: make and check", "[report][baseline]") {
+  const std::string text = make_baseline(toy_tp());
+  const json j = json::parse(text);
+  REQUIRE(j["schema"] == "commtrace.baseline");
+  REQUIRE(j["version"] == "1.0");
+  REQUIRE(contains(j["_comment"].get<std::string>(), "commtrace check --update"));
+  REQUIRE(j["model"] == "toy");
+  REQUIRE(j["plan"] == toy_tp().metadata.at("plan"));
+  REQUIRE(j["world_size"] == 4);
+  REQUIRE(j["totals"] == json::parse(R"({"forward": {"all_reduce": 1}, "backward": {},
+                                         "optimizer": {}})"));
+  REQUIRE(j["modules"] == json::parse(R"({"ToyModel": {"forward": {"all_reduce": 1}},
+                                          "ToyModel.out_proj": {"forward": {"all_reduce": 1}}})"));
+
+  const CheckResult same = check_baseline(toy_tp(), text, "baseline.json");
+  REQUIRE(same.ok);
+  REQUIRE(same.differences.empty());
+  // Per iteration: a 2-iteration trace makes the same baseline.
+  REQUIRE(make_baseline(run("toy", "tp", false, 2)[0]) == text);
+
+  SECTION("a change: TP with input requires grad adds a backward all_reduce") {
+    const Trace changed = run("toy", "tp", true)[0];
+    const CheckResult r = check_baseline(changed, text, "baseline.json");
+    INFO(fmt::format("{}", fmt::join(r.differences, "\n")));
+    REQUIRE_FALSE(r.ok);
+    REQUIRE(has_line(r.differences, "backward.all_reduce: expected 0, got 1"));
+    REQUIRE(has_line(r.differences, "ToyModel.in_proj.backward.all_reduce: expected 0, got 1"));
+    REQUIRE(has_line(r.differences, "ToyModel.backward.all_reduce: expected 0, got 1"));
+    REQUIRE(r.differences.size() == 3);
+  }
+  SECTION("missing collectives and modules are reported too") {
+    json edited = j;
+    edited["totals"]["backward"]["reduce_scatter"] = 1;
+    edited["modules"]["ToyModel.in_proj"] = json{{"backward", {{"reduce_scatter", 1}}}};
+    edited["modules"]["ToyModel.gone"] = json{{"forward", {{"all_gather", 2}}}};
+    edited["modules"].erase("ToyModel.out_proj");
+    const CheckResult r = check_baseline(toy_tp(), edited.dump(2), "baseline.json");
+    REQUIRE_FALSE(r.ok);
+    REQUIRE(r.differences == std::vector<std::string>{
+                                 "backward.reduce_scatter: expected 1, got 0",
+                                 "ToyModel.in_proj.backward.reduce_scatter: expected 1, got 0",
+                                 "ToyModel.out_proj.forward.all_reduce: expected 0, got 1",
+                                 "ToyModel.gone.forward.all_gather: expected 2, got 0 (the trace "
+                                 "has no such module)"});
+  }
+  SECTION("PyTorch keys and comments are accepted") {
+    json edited = j;
+    edited["totals"]["forward"] = json{{"c10d_functional.all_reduce", 1}};
+    edited["_note"] = "hand-edited";
+    REQUIRE(check_baseline(toy_tp(), edited.dump(), "baseline.json").ok);
+  }
+  SECTION("another model or plan is an error naming both") {
+    const std::string mlp = make_baseline(run("mlp", "tp")[0]);
+    Trace toy = toy_tp();
+    toy.metadata["plan"] = "tp";
+    json other = json::parse(mlp);
+    other["plan"] = "tp";
+    REQUIRE(error_of([&] { check_baseline(toy, other.dump(), "baseline.json"); }) ==
+            "baseline.json was made for model 'mlp' plan 'tp', the trace is model 'toy' plan 'tp'");
+    REQUIRE(contains(error_of([&] { check_baseline(toy_tp(), mlp, "baseline.json"); }),
+                     "made for model 'mlp'"));
+    REQUIRE(
+        contains(error_of([&] { check_baseline(toy_sp(), text, "b.json"); }),
+                 fmt::format("the trace is model 'toy' plan '{}'", toy_sp().metadata.at("plan"))));
+  }
+  SECTION("malformed baselines") {
+    json v2 = j;
+    v2["version"] = "2.0";
+    REQUIRE(error_of([&] { check_baseline(toy_tp(), v2.dump(), "b.json"); }) ==
+            "b.json: baseline version 2.0 is not supported (this build reads 1.x)");
+    json neg = j;
+    neg["totals"]["forward"]["all_reduce"] = -1;
+    REQUIRE(error_of([&] { check_baseline(toy_tp(), neg.dump(), "b.json"); }) ==
+            "b.json: totals.forward.all_reduce: count -1 must not be negative");
+    json typed = j;
+    typed["modules"]["ToyModel"]["forward"]["all_reduce"] = "1";
+    REQUIRE(error_of([&] { check_baseline(toy_tp(), typed.dump(), "b.json"); }) ==
+            "b.json: modules.ToyModel.forward.all_reduce: expected a count (an integer), got "
+            "string");
+    json phase = j;
+    phase["totals"]["sideways"] = json::object();
+    REQUIRE(contains(error_of([&] { check_baseline(toy_tp(), phase.dump(), "b.json"); }),
+                     "b.json: totals.sideways: unknown phase"));
+    REQUIRE(contains(
+        error_of([&] { check_baseline(toy_tp(), write_trace_json({toy_tp()}), "b.json"); }),
+        "schema is 'commtrace.trace'"));
+  }
+}
+
+TEST_CASE("expectations", "[report][baseline]") {
+  const CheckResult ok = check_expectations(
+      toy_tp(), {"forward.all_reduce=1", "ToyModel.in_proj.backward.all_gather=0",
+                 "ToyModel.out_proj.forward.all_reduce=1", "Global.backward.all_reduce=0",
+                 "forward.c10d_functional.all_reduce=1", "optimizer.all_gather=0"});
+  REQUIRE(ok.ok);
+  const CheckResult bad = check_expectations(
+      toy_sp(), {"forward.reduce_scatter=2", "ToyModel.out_proj.forward.reduce_scatter=1",
+                 "ToyModel.out_proj.backward.all_gather=0"});
+  REQUIRE_FALSE(bad.ok);
+  REQUIRE(bad.differences ==
+          std::vector<std::string>{"forward.reduce_scatter: expected 2, got 1",
+                                   "ToyModel.out_proj.backward.all_gather: expected 0, got 1"});
+  // Per iteration.
+  REQUIRE(check_expectations(run("toy", "tp", false, 2)[0], {"forward.all_reduce=1"}).ok);
+
+  for (const char* e : {"forward.all_reduce", "forward.all_reduce=x", "forward.all_reduce=-1",
+                        "all_reduce=1", "sideways.all_reduce=1", "forward.frobnicate=1",
+                        "NoSuch.forward.all_reduce=1", "forward..all_reduce=1", "=1", ""}) {
+    INFO(e);
+    const std::string msg = error_of([&] { check_expectations(toy_tp(), {e}); });
+    REQUIRE(contains(msg, fmt::format("expectation '{}'", e)));
+  }
+  REQUIRE(contains(error_of([&] { check_expectations(toy_tp(), {"NoSuch.forward.all_reduce=1"}); }),
+                   "no module 'NoSuch'"));
+}
+
+TEST_CASE("consistency: every rank issues the same collectives", "[report][consistency]") {
+  const std::vector<Trace> ranks = run("toy", "sp", true, 1, {0, 1, 2, 3});
+  REQUIRE(ranks.size() == 4);
+  REQUIRE(check_rank_consistency(ranks).empty());
+  REQUIRE(check_rank_consistency({ranks[0]}).empty());
+
+  SECTION("a different op") {
+    std::vector<Trace> bad = ranks;
+    OpRecord* first = nullptr;
+    for (OpRecord& r : bad[2].records) {
+      if (r.kind == EventKind::Collective && !first) first = &r;
+    }
+    REQUIRE(first);
+    const std::string before = first->name;
+    first->name = before == "all_gather" ? "all_reduce" : "all_gather";
+    const std::vector<std::string> lines = check_rank_consistency(bad);
+    REQUIRE(lines.size() == 1);
+    INFO(lines[0]);
+    REQUIRE(contains(lines[0],
+                     fmt::format("group 'tp' seq {}: rank 0 {} ", first->collective.seq, before)));
+    REQUIRE(contains(lines[0], fmt::format(", rank 2 {} ", first->name)));
+  }
+  SECTION("a different global shape and reduce op") {
+    std::vector<Trace> bad = ranks;
+    for (OpRecord& r : bad[1].records) {
+      if (r.kind == EventKind::Collective && r.name == "reduce_scatter") {
+        r.inputs[0].global_shape = {8, 10};
+        r.collective.reduce_op = ReduceOp::Max;
+      }
+    }
+    const std::vector<std::string> lines = check_rank_consistency(bad);
+    REQUIRE(lines.size() >= 1);
+    INFO(lines[0]);
+    REQUIRE(contains(lines[0], "rank 1 reduce_scatter f32[8, 10] max"));
+  }
+  SECTION("one rank issues more") {
+    std::vector<Trace> bad = ranks;
+    for (auto it = bad[3].records.rbegin(); it != bad[3].records.rend(); ++it) {
+      if (it->kind == EventKind::Collective && it->collective.group == "tp") {
+        bad[3].records.erase(std::next(it).base());
+        break;
+      }
+    }
+    const std::vector<std::string> lines = check_rank_consistency(bad);
+    REQUIRE(lines.size() == 1);
+    INFO(lines[0]);
+    REQUIRE(contains(lines[0], "group 'tp': rank 0 issued"));
+    REQUIRE(contains(lines[0], "rank 3 issued"));
+  }
+}

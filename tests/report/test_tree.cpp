@@ -1,0 +1,2 @@
+// placeholder
+#include "tests/catch_compat.h"
