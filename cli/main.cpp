@@ -180,42 +180,49 @@ int cmd_run(RunArgs& a) {
   const std::vector<Trace> traces = trace_run(o, &losses);
   const Trace& t = all ? traces[0] : traces.front();
   const auto& md = t.metadata;
-  fmt::print("commtrace run: {} with plan {} on {} ranks ({}), {} backend, {}, {} iteration{}{}\n",
+  // With --compat torch stdout holds CommDebugMode's table alone (byte-comparable with
+  // PyTorch's); the run's header goes to stderr.
+  std::FILE* head = a.view.compat == "torch" ? stderr : stdout;
+  fmt::print(head,
+             "commtrace run: {} with plan {} on {} ranks ({}), {} backend, {}, {} iteration{}{}\n",
              md.at("model"), md.at("plan"), md.at("world_size"), md.at("mesh"), md.at("backend"),
              md.at("device"), a.iters, a.iters == 1 ? "" : "s",
              o.cfg.input_requires_grad ? ", input requires grad" : "");
   if (!losses.empty()) {
-    fmt::print("loss: {:.6f}{}\n", losses.front(),
+    fmt::print(head, "loss: {:.6f}{}\n", losses.front(),
                losses.size() > 1 ? fmt::format(" → {:.6f}", losses.back()) : "");
   }
-  fmt::print("trace of rank {}:\n", t.rank);
+  fmt::print(head, "trace of rank {}:\n", t.rank);
+  std::fflush(head);
   a.view.print(t);
 
   if (!a.json.empty()) {
     write_file(a.json, write_trace_json(traces));
-    fmt::print("wrote {} ({} rank{})\n", a.json, traces.size(), traces.size() == 1 ? "" : "s");
+    fmt::print(head, "wrote {} ({} rank{})\n", a.json, traces.size(),
+               traces.size() == 1 ? "" : "s");
   }
   if (!a.torch_json.empty()) {
     write_file(a.torch_json, torch_json_dump(t, a.view.noise));
-    fmt::print("wrote {} (PyTorch generate_json_dump, noise {})\n", a.torch_json, a.view.noise);
+    fmt::print(head, "wrote {} (PyTorch generate_json_dump, noise {})\n", a.torch_json,
+               a.view.noise);
   }
   int rc = 0;
   if (all) {
     const auto problems = check_rank_consistency(traces);
     if (problems.empty()) {
-      fmt::print("ranks consistent: {} ranks issue the same collectives in the same order\n",
+      fmt::print(head, "ranks consistent: {} ranks issue the same collectives in the same order\n",
                  traces.size());
     } else {
-      fmt::print("ranks diverge ({} problem{}):\n", problems.size(),
+      fmt::print(head, "ranks diverge ({} problem{}):\n", problems.size(),
                  problems.size() == 1 ? "" : "s");
-      for (const auto& p : problems) fmt::print("  {}\n", p);
+      for (const auto& p : problems) fmt::print(head, "  {}\n", p);
       rc = 1;
     }
   }
   if (!a.expect.empty()) {
     const CheckResult r = check_expectations(t, a.expect);
-    for (const auto& d : r.differences) fmt::print("expectation failed: {}\n", d);
-    if (r.ok) fmt::print("expectations met: {}\n", a.expect.size());
+    for (const auto& d : r.differences) fmt::print(head, "expectation failed: {}\n", d);
+    if (r.ok) fmt::print(head, "expectations met: {}\n", a.expect.size());
     if (!r.ok) rc = 1;
   }
   return rc;

@@ -142,7 +142,7 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
                   ErrorCode::InvalidArgument,
                   "device {} needs the fake backend (the threads backend moves real data)",
                   device_name(cfg.module.device));
-  const Plan plan = resolve_plan(resolve_model(cfg.model).family, cfg.plan);  // fail early
+  resolve_plan(resolve_model(cfg.model).family, cfg.plan);  // fail early, before any thread
 
   std::vector<Trace> traces(traced.size());
   std::vector<double> rank0_losses;
@@ -178,7 +178,7 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
         if (slot == traced.end()) return;
         Trace t = tr.take();
         t.metadata = {{"model", cfg.model},
-                      {"plan", plan.name},
+                      {"plan", cfg.plan},
                       {"world_size", std::to_string(cfg.world_size)},
                       {"mesh", s.mesh->str()},
                       {"device", device_name(cfg.module.device)},

@@ -38,6 +38,13 @@ struct Agg {
   std::uint64_t bytes = 0;
 };
 
+// Noise 1: sharded ops; 2: + local ops; 3: + trivial ops (views, transposes), as CommDebugMode.
+bool shown_at(const OpRecord& r, int noise) {
+  if (r.kind == EventKind::Collective) return false;
+  if (r.kind == EventKind::Trivial) return noise >= 3;
+  return noise >= (r.sharded ? 1 : 2);
+}
+
 std::string meta_str(const TensorMeta& m, bool sharded) {
   if (!sharded || m.placements.empty()) return shape_str(m.shape);
   return fmt::format("{} {}", shape_str(m.global_shape), m.placements);
@@ -107,12 +114,7 @@ std::string render_tree(const Trace& t, const TreeOptions& o) {
       const auto& a = agg[std::size_t(m)][std::size_t(ph)];
       const auto& mine = own[std::size_t(m)][std::size_t(ph)];
       bool has_ops = false;
-      for (const OpRecord* r : mine) {
-        has_ops =
-            has_ops ||
-            (r->kind != EventKind::Collective &&
-             (r->sharded ? o.noise >= 1 : o.noise >= (r->kind == EventKind::Trivial ? 3 : 2)));
-      }
+      for (const OpRecord* r : mine) has_ops = has_ops || shown_at(*r, o.noise);
       if (a.empty() && !has_ops) continue;
       out += fmt::format("{}  {}\n", pad, phase_name(ph));
       for (const auto& [key, v] : a) {
@@ -128,9 +130,7 @@ std::string render_tree(const Trace& t, const TreeOptions& o) {
           out += fmt::format("{}        why: {}\n", pad, why_line(*r));
           continue;
         }
-        const bool show =
-            r->sharded ? o.noise >= 1 : o.noise >= (r->kind == EventKind::Trivial ? 3 : 2);
-        if (!show) continue;
+        if (!shown_at(*r, o.noise)) continue;
         std::vector<std::string> ins;
         for (const TensorMeta& in : r->inputs) ins.push_back(meta_str(in, r->sharded));
         out += fmt::format("{}    {}{}\n", pad, st.coll(torch_name(*r)),

@@ -1,2 +1,76 @@
-// placeholder
+// commtrace's own text report: the module tree with per-phase collectives (count, bytes,
+// group), the reasons at noise >= 1 or with explain, the ops by noise level, and the
+// per-iteration summary with nccl-tests' busbw factors.
+#include <string>
+
+#include "parallel/runner.h"
+#include "report/tree.h"
 #include "tests/catch_compat.h"
+
+using namespace commtrace;
+
+namespace {
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+Trace toy(const char* plan, int iters = 1) {
+  TraceOptions o;
+  o.cfg.model = "toy";
+  o.cfg.plan = plan;
+  o.cfg.world_size = 4;
+  o.iters = iters;
+  return trace_run(o).at(0);
+}
+}  // namespace
+
+TEST_CASE("tree: collectives per module and phase, rolled up", "[report][tree]") {
+  const std::string t = render_tree(toy("sp"), TreeOptions{});
+  REQUIRE(contains(t, "Global\n  forward\n    all_gather      ×1      3.1 KiB  tp(4)\n"));
+  REQUIRE(contains(t, "    ToyModel.in_proj  (Linear)\n      forward\n        all_gather"));
+  REQUIRE(contains(t, "      backward\n        all_gather      ×1      1.6 KiB  tp(4)"));
+  REQUIRE_FALSE(contains(t, "why:"));        // reasons only with explain or noise >= 1
+  REQUIRE_FALSE(contains(t, "aten.addmm"));  // ops only at noise >= 1
+}
+
+TEST_CASE("tree: explain says why each collective happened", "[report][tree]") {
+  const std::string t = render_tree(toy("sp"), TreeOptions{0, true, false});
+  REQUIRE(contains(t,
+                   "why: ToyModel.in_proj input (ColwiseParallel input_layouts): "
+                   "(Shard(dim=0),) → (Replicate(),)"));
+  REQUIRE(contains(t,
+                   "why: ToyModel.out_proj output (RowwiseParallel output_layouts): "
+                   "(Partial(sum),) → (Shard(dim=0),)"));
+  REQUIRE(contains(t,
+                   "why: backward of ToyModel.out_proj output (RowwiseParallel "
+                   "output_layouts): (Shard(dim=0),) → (Replicate(),)"));
+}
+
+TEST_CASE("tree: noise levels add sharded ops, local ops, trivial ops", "[report][tree]") {
+  const Trace tr = toy("tp");
+  const std::string n1 = render_tree(tr, TreeOptions{1, false, false});
+  REQUIRE(contains(n1, "param weight: (Shard(dim=0),)"));
+  REQUIRE(contains(n1,
+                   "aten.addmm.default  [32] (Shard(dim=0),), [20, 10] (Replicate(),), "
+                   "[10, 32] (Shard(dim=1),)  DeviceMesh((4,), 'cpu', stride=(1,))"));
+  REQUIRE_FALSE(contains(n1, "aten.relu.default"));
+  const std::string n2 = render_tree(tr, TreeOptions{2, false, false});
+  REQUIRE(contains(n2, "aten.relu.default"));
+  REQUIRE_FALSE(contains(n2, "aten.view.default"));
+  TraceOptions o;  // the transformer's attention views its projections into heads
+  o.cfg.model = "transformer";
+  o.cfg.world_size = 2;
+  const Trace tt = trace_run(o).at(0);
+  REQUIRE_FALSE(contains(render_tree(tt, TreeOptions{2, false, false}), "aten.view.default"));
+  REQUIRE(contains(render_tree(tt, TreeOptions{3, false, false}), "aten.view.default"));
+}
+
+TEST_CASE("summary: per iteration, with busbw factors", "[report][tree]") {
+  const std::string s = render_summary(toy("tp", 3));
+  REQUIRE(contains(s, "per iteration (3 iterations traced, rank 0)"));
+  REQUIRE(contains(s, "forward    all_reduce      tp        4       1        400 B         1.500"));
+  const std::string sp = render_summary(toy("sp"));
+  REQUIRE(
+      contains(sp, "forward    all_gather      tp        4       1      3.1 KiB         0.750"));
+  REQUIRE(contains(sp, "total                                        3"));
+}
