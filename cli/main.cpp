@@ -250,6 +250,7 @@ int cmd_show(ShowArgs& a) {
 struct DiffArgs {
   std::string a, b;
   int rank = 0;
+  int depth = -1;
 };
 
 int cmd_diff(DiffArgs& d) {
@@ -258,6 +259,7 @@ int cmd_diff(DiffArgs& d) {
   o.color = use_color();
   o.label_a = d.a;
   o.label_b = d.b;
+  o.max_depth = d.depth;
   const DiffResult r = diff_traces(pick_rank(ta, d.rank, d.a), pick_rank(tb, d.rank, d.b), o);
   fmt::print("{}", r.text);
   return r.equal ? 0 : 1;
@@ -367,6 +369,8 @@ int main(int argc, char** argv) {
   diff_cmd->add_option("a", diff_args.a, "Trace JSON (ours or a PyTorch dump)")->required();
   diff_cmd->add_option("b", diff_args.b, "Trace JSON (ours or a PyTorch dump)")->required();
   diff_cmd->add_option("--rank", diff_args.rank, "Rank to compare")->capture_default_str();
+  diff_cmd->add_option("--depth", diff_args.depth,
+                       "Compare modules down to this depth (0: totals only); default all");
 
   CheckArgs check_args;
   auto* check_cmd =

@@ -147,6 +147,7 @@ DiffResult diff_traces(const Trace& a, const Trace& b, const DiffOptions& option
   std::set<std::string> seen;
   for (const CountTree* c : {&ca, &cb}) {
     for (const ModuleCounts& m : c->modules) {
+      if (options.max_depth >= 0 && m.depth > options.max_depth) continue;
       if (seen.insert(m.fqn).second) fqns.push_back(m.fqn);
     }
   }

@@ -13,6 +13,9 @@ struct DiffOptions {
   bool color = false;
   std::string label_a = "A";
   std::string label_b = "B";
+  // Compare modules down to this depth only (0: Global's totals; 1: + the model; ...); -1: all.
+  // Rolled-up counts make a shallow diff tolerant of attribution differences below it.
+  int max_depth = -1;
 };
 
 struct DiffResult {

@@ -452,3 +452,15 @@ TEST_CASE("consistency: every rank issues the same collectives", "[report][consi
     REQUIRE(contains(lines[0], "rank 3 issued"));
   }
 }
+
+TEST_CASE("diff: max_depth compares rolled-up counts down to a depth", "[report][diff]") {
+  DiffOptions o;
+  o.max_depth = 0;
+  const DiffResult d = diff_traces(toy_tp(), toy_sp(), o);
+  REQUIRE_FALSE(d.equal);
+  REQUIRE(contains(d.text, "Global\n"));
+  REQUIRE_FALSE(contains(d.text, "ToyModel"));
+  o.max_depth = 1;
+  REQUIRE(contains(diff_traces(toy_tp(), toy_sp(), o).text, "ToyModel\n"));
+  REQUIRE_FALSE(contains(diff_traces(toy_tp(), toy_sp(), o).text, "ToyModel.in_proj"));
+}
