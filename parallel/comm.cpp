@@ -87,6 +87,7 @@ void Communicator::traced(const char* op, std::uint64_t seq, const std::vector<c
     return m;
   };
   OpRecord r;
+  r.inputs.reserve(ins.size());
   r.kind = EventKind::Collective;
   r.name = op;
   if (!ins.empty()) r.dtype = ins.front()->dtype();

@@ -209,6 +209,7 @@ Tensor dispatch(const OpDef& op, const std::vector<Tensor>& inputs, const Comput
   }
   if (tracer) {
     OpRecord r;
+    r.inputs.reserve(inputs.size());
     r.kind = op.kind;
     r.name = op.name;
     r.overload = op.overload;

@@ -279,6 +279,7 @@ Tensor dispatch_dtensor(const OpDef& op, const std::vector<Tensor>& inputs, cons
   std::size_t record_at = 0;
   if (tracer) {
     OpRecord rec;
+    rec.inputs.reserve(inputs.size());
     rec.kind = op.kind;
     rec.name = op.name;
     rec.overload = op.overload;
