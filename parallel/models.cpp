@@ -1,12 +1,10 @@
 #include "parallel/models.h"
 
-#include <fstream>
 #include <map>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <numeric>
-#include <sstream>
 
+#include "parallel/json_text.h"
 #include "parallel/ops.h"
 
 namespace commtrace {
@@ -226,15 +224,9 @@ const ModelEntry& find_model(const std::string& name) {
 
 ModelEntry model_from_json_text(const std::string& text, const std::string& source) {
   using json = nlohmann::ordered_json;
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("{}: not valid JSON: {}", source, e.what()));
-  }
-  COMMTRACE_CHECK(j.is_object() && j.value("schema", "") == "commtrace.model",
-                  ErrorCode::InvalidArgument, "{}: \"schema\" must be \"commtrace.model\"", source);
+  const json j = parse_config_json(text, source);
+  COMMTRACE_CHECK(j.value("schema", "") == "commtrace.model", ErrorCode::InvalidArgument,
+                  "{}: \"schema\" must be \"commtrace.model\"", source);
   const std::string version = j.value("version", "");
   COMMTRACE_CHECK(version.rfind("1.", 0) == 0, ErrorCode::InvalidArgument,
                   "{}: unsupported model version \"{}\" (this build reads 1.x)", source, version);
@@ -306,11 +298,8 @@ const ModelEntry& resolve_model(const std::string& name_or_file) {
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = loaded[name_or_file];
   if (!slot) {
-    std::ifstream in(name_or_file);
-    COMMTRACE_CHECK(in.good(), ErrorCode::Io, "cannot read model file '{}'", name_or_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    slot = std::make_unique<ModelEntry>(model_from_json_text(ss.str(), name_or_file));
+    slot = std::make_unique<ModelEntry>(
+        model_from_json_text(read_config_file(name_or_file, "model"), name_or_file));
   }
   return *slot;
 }

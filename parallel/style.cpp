@@ -1,10 +1,10 @@
 #include "parallel/style.h"
 
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "parallel/json_text.h"
 #include "parallel/models.h"
 
 namespace commtrace {
@@ -358,14 +358,7 @@ std::shared_ptr<ParallelStyle> style_from_json(const json& j, const std::string&
 }  // namespace
 
 Plan plan_from_json_text(const std::string& text, const std::string& source) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("{}: not valid JSON: {}", source, e.what()));
-  }
-  COMMTRACE_CHECK(j.is_object(), ErrorCode::InvalidArgument, "{}: expected a JSON object", source);
+  const json j = parse_config_json(text, source);
   COMMTRACE_CHECK(j.value("schema", "") == "commtrace.plan", ErrorCode::InvalidArgument,
                   "{}: \"schema\" must be \"commtrace.plan\"", source);
   const std::string version = j.value("version", "");
@@ -392,11 +385,7 @@ Plan plan_from_json_text(const std::string& text, const std::string& source) {
 }
 
 Plan load_plan_file(const std::string& path) {
-  std::ifstream in(path);
-  COMMTRACE_CHECK(in.good(), ErrorCode::Io, "cannot read plan file '{}'", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return plan_from_json_text(ss.str(), path);
+  return plan_from_json_text(read_config_file(path, "plan"), path);
 }
 
 std::vector<std::string> builtin_plan_names(const std::string& model) {

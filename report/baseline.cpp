@@ -4,6 +4,8 @@
 // as CommDebugMode's (a module includes its descendants); only non-zero counts are stored.
 #include "report/baseline.h"
 
+#include "report/json_text.h"
+
 #include <array>
 #include <charconv>
 #include <limits>
@@ -208,18 +210,8 @@ std::string make_baseline(const Trace& t) {
 
 CheckResult check_baseline(const Trace& t, const std::string& baseline_text,
                            const std::string& source) {
-  json root;
-  try {
-    root = json::parse(baseline_text);
-  } catch (const json::exception& e) {
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("{}: not valid JSON ({})", source, e.what()));
-  }
-  if (!root.is_object()) {
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("{}: expected a JSON object with \"schema\": \"{}\", got {}", source,
-                            kSchema, root.type_name()));
-  }
+  const json root = parse_report_json(
+      baseline_text, source, fmt::format("a JSON object with \"schema\": \"{}\"", kSchema).c_str());
   const std::string top = "(top level)";
   const std::string schema = string_of(source, member(source, root, "schema", top), "schema");
   COMMTRACE_CHECK(schema == kSchema, ErrorCode::InvalidArgument,

@@ -5,6 +5,8 @@
 // collectives there or (noise >= 1) any recorded op at all, even one not shown.
 #include "report/torch_compat.h"
 
+#include "report/json_text.h"
+
 #include <array>
 #include <cstdint>
 #include <map>
@@ -248,14 +250,7 @@ class DumpReader {
   explicit DumpReader(std::string source) : source_(std::move(source)) {}
 
   Trace read(const std::string& text) {
-    ordered_json root;
-    try {
-      root = ordered_json::parse(text);
-    } catch (const ordered_json::exception& e) {
-      throw Error(ErrorCode::InvalidArgument,
-                  fmt::format("{}: not valid JSON: {}", source_, e.what()));
-    }
-    expect(root.is_object(), "", "expected a generate_json_dump object");
+    const ordered_json root = parse_report_json(text, source_, "a generate_json_dump object");
     const std::string fqn = string_at(root, "", "fqn");
     expect(fqn == "Global", "fqn",
            fmt::format("the root node is \"{}\", expected \"Global\"", fqn));

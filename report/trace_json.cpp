@@ -4,6 +4,8 @@
 // never a crash. Version 1.0 files must hold only known keys; later 1.x minors may add keys.
 #include "report/trace_json.h"
 
+#include "report/json_text.h"
+
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -364,18 +366,8 @@ std::string write_trace_json(const std::vector<Trace>& traces) {
 }
 
 std::vector<Trace> read_trace_json(const std::string& text, const std::string& source) {
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("{}: not valid JSON ({})", source, e.what()));
-  }
-  if (!root.is_object()) {
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("{}: expected a JSON object with \"schema\": \"{}\", got {}", source,
-                            kTraceSchema, root.type_name()));
-  }
+  const json root = parse_report_json(
+      text, source, fmt::format("a JSON object with \"schema\": \"{}\"", kTraceSchema).c_str());
   const Reader loose(source, false);
   const std::string schema = loose.str(loose.at(root, "schema", "(top level)"), "schema");
   COMMTRACE_CHECK(schema == kTraceSchema, ErrorCode::InvalidArgument,
