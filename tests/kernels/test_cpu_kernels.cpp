@@ -12,8 +12,10 @@
 
 #include "kernels/cpu.h"
 #include "tests/catch_compat.h"
+#include "tests/test_util.h"
 
 using namespace commtrace;
+using commtrace::testing::contains;
 using cpu::i64;
 
 namespace {
@@ -68,10 +70,6 @@ ErrorCode error_of(const std::function<void()>& f, std::string* msg = nullptr) {
   }
   FAIL("no commtrace::Error thrown");
   return ErrorCode::Internal;
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 
 // Row-major multi-index of linear index i in shape.

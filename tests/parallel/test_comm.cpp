@@ -15,26 +15,13 @@
 #include "parallel/comm.h"
 #include "parallel/launch.h"
 #include "tests/catch_compat.h"
+#include "tests/test_util.h"
 #include "tracer/tracer.h"
 
 using namespace commtrace;
+using namespace commtrace::testing;
 
 namespace {
-
-template <class F>
-Error error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  FAIL("expected commtrace::Error");
-  return Error(ErrorCode::Internal, "unreachable");
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 std::vector<int> all_ranks(int n) {
   std::vector<int> r(std::size_t(n), 0);

@@ -8,9 +8,11 @@
 #include "parallel/runner.h"
 #include "parallel/style.h"
 #include "tests/catch_compat.h"
+#include "tests/test_util.h"
 #include "tracer/tracer.h"
 
 using namespace commtrace;
+using namespace commtrace::testing;
 
 namespace {
 template <class F>
@@ -21,10 +23,6 @@ std::string error_text(F f) {
     return e.what();
   }
   return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 
 // parallelize_module on every rank of a 1-D mesh; returns rank 0's error text ("" if none).

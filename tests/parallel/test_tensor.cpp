@@ -5,22 +5,12 @@
 #include "parallel/ops.h"
 #include "parallel/tensor.h"
 #include "tests/catch_compat.h"
+#include "tests/test_util.h"
 
 using namespace commtrace;
+using namespace commtrace::testing;
 
-namespace {
-// Runs f and returns the Error it throws (fails the test when it throws nothing).
-template <class F>
-Error error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  FAIL("expected commtrace::Error");
-  return Error(ErrorCode::Internal, "unreachable");
-}
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("tensors store f32, f64, bf16 and i64", "[tensor]") {
   const std::vector<double> v{1.0, -2.5, 3.0, 1.00390625};

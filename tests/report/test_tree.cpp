@@ -6,14 +6,12 @@
 #include "parallel/runner.h"
 #include "report/tree.h"
 #include "tests/catch_compat.h"
+#include "tests/test_util.h"
 
 using namespace commtrace;
+using namespace commtrace::testing;
 
 namespace {
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 Trace toy(const char* plan, int iters = 1) {
   TraceOptions o;
   o.cfg.model = "toy";
