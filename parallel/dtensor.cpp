@@ -50,6 +50,22 @@ Tensor pad_rows(const Tensor& x, std::int64_t rows) {
 
 Tensor to_front(const Tensor& x, int k) { return k == 0 ? x : transpose(x, 0, k); }
 
+// The w chunks of dim 0 (n rows, torch.chunk split), each zero-padded to the chunk capacity
+// and concatenated: the equal-block layout reduce_scatter and all_to_all exchange.
+Tensor padded_chunks(const Tensor& x, std::int64_t n, int w) {
+  const std::int64_t cap = chunk_capacity(n, w);
+  if (cap * w == n) return x;
+  std::vector<Tensor> parts;
+  for (int r = 0; r < w; ++r) {
+    const ChunkRange c = chunk_range(n, w, r);
+    Shape s = x.shape();
+    s[0] = c.size;
+    parts.push_back(pad_rows(
+        c.size ? narrow(x, 0, c.begin, c.size) : Tensor::zeros(s, x.dtype(), x.device()), cap));
+  }
+  return cat(parts, 0);
+}
+
 // S(k) → R on one mesh dim: pad to the chunk capacity, all_gather, trim the padding.
 Tensor all_gather_dim(const Tensor& x, int k, std::int64_t n, Communicator& comm) {
   const int w = comm.size();
@@ -75,19 +91,7 @@ Tensor reduce_scatter_dim(const Tensor& x, int k, ReduceOp op, Communicator& com
   const int w = comm.size();
   const std::int64_t n = x.size(k);
   const std::int64_t cap = chunk_capacity(n, w);
-  Tensor xt = to_front(x, k);
-  if (cap * w != n) {
-    // Chunk r of the padded buffer holds rows chunk_range(n, w, r), zero-padded to cap.
-    std::vector<Tensor> parts;
-    for (int r = 0; r < w; ++r) {
-      const ChunkRange c = chunk_range(n, w, r);
-      Shape s = xt.shape();
-      s[0] = c.size;
-      parts.push_back(pad_rows(
-          c.size ? narrow(xt, 0, c.begin, c.size) : Tensor::zeros(s, x.dtype(), x.device()), cap));
-    }
-    xt = cat(parts, 0);
-  }
+  Tensor xt = padded_chunks(to_front(x, k), n, w);
   Shape out_shape = xt.shape();
   out_shape[0] = cap;
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
@@ -110,15 +114,7 @@ Tensor all_to_all_dim(const Tensor& x, int i, int j, std::int64_t n_i, std::int6
     Tensor moved = to_front(xt, pos_i);
     xt = to_front(pad_rows(moved, cap_i), pos_i);
   }
-  std::vector<Tensor> blocks;
-  for (int r = 0; r < w; ++r) {
-    const ChunkRange c = chunk_range(n_j, w, r);
-    Shape s = xt.shape();
-    s[0] = c.size;
-    blocks.push_back(pad_rows(
-        c.size ? narrow(xt, 0, c.begin, c.size) : Tensor::zeros(s, x.dtype(), x.device()), cap_j));
-  }
-  Tensor send = cat(blocks, 0);
+  Tensor send = padded_chunks(xt, n_j, w);
   Tensor recv = Tensor::empty(send.shape(), x.dtype(), x.device());
   comm.all_to_all(send, recv);
   // Block r of recv: rank r's rows of dim i (padded to cap_i) for this rank's chunk of dim j.

@@ -72,22 +72,6 @@ json phase_json(const PhaseCounts& p) {
   throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}: {}", source, path, msg));
 }
 
-std::pair<int, int> parse_version(const std::string& source, const std::string& v) {
-  int major = 0, minor = 0;
-  const char* b = v.data();
-  const char* e = v.data() + v.size();
-  auto [p1, ec1] = std::from_chars(b, e, major);
-  bool ok = ec1 == std::errc() && p1 < e && *p1 == '.';
-  if (ok) {
-    auto [p2, ec2] = std::from_chars(p1 + 1, e, minor);
-    ok = ec2 == std::errc() && p2 == e && p1 + 1 < e;
-  }
-  if (!ok || major < 0 || minor < 0) {
-    fail(source, "version", fmt::format("'{}' is not of the form <major>.<minor>", v));
-  }
-  return {major, minor};
-}
-
 const json& member(const std::string& source, const json& obj, const char* key,
                    const std::string& path) {
   const auto it = obj.find(key);
@@ -217,7 +201,7 @@ CheckResult check_baseline(const Trace& t, const std::string& baseline_text,
   COMMTRACE_CHECK(schema == kSchema, ErrorCode::InvalidArgument,
                   "{}: schema is '{}', expected '{}'", source, schema, kSchema);
   const std::string version = string_of(source, member(source, root, "version", top), "version");
-  const auto [major, minor] = parse_version(source, version);
+  const auto [major, minor] = parse_json_version(source, version);
   COMMTRACE_CHECK(major == kMajor, ErrorCode::InvalidArgument,
                   "{}: baseline version {} is not supported (this build reads {}.x)", source,
                   version, kMajor);

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
 namespace commtrace {
 
@@ -10,5 +11,8 @@ namespace commtrace {
 // a syntax error, "<source>: expected a JSON object ..., got <type>" on another value.
 nlohmann::ordered_json parse_report_json(const std::string& text, const std::string& source,
                                          const char* expected);
+
+// "1.0" -> {1, 0}; anything else is Error(InvalidArgument) naming the source and the value.
+std::pair<int, int> parse_json_version(const std::string& source, const std::string& version);
 
 }  // namespace commtrace

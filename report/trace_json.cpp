@@ -325,22 +325,6 @@ std::map<std::string, std::string> read_metadata(const Reader& rd, const json& j
   return md;
 }
 
-// "1.0" -> {1, 0}; anything else is an error naming the value.
-std::pair<int, int> parse_version(const std::string& source, const std::string& v) {
-  int major = 0, minor = 0;
-  const char* b = v.data();
-  const char* e = v.data() + v.size();
-  auto [p1, ec1] = std::from_chars(b, e, major);
-  bool ok = ec1 == std::errc() && p1 < e && *p1 == '.';
-  if (ok) {
-    auto [p2, ec2] = std::from_chars(p1 + 1, e, minor);
-    ok = ec2 == std::errc() && p2 == e && p1 + 1 < e;
-  }
-  COMMTRACE_CHECK(ok && major >= 0 && minor >= 0, ErrorCode::InvalidArgument,
-                  "{}: version '{}' is not of the form <major>.<minor>", source, v);
-  return {major, minor};
-}
-
 }  // namespace
 
 std::string write_trace_json(const std::vector<Trace>& traces) {
@@ -373,7 +357,7 @@ std::vector<Trace> read_trace_json(const std::string& text, const std::string& s
   COMMTRACE_CHECK(schema == kTraceSchema, ErrorCode::InvalidArgument,
                   "{}: schema is '{}', expected '{}'", source, schema, kTraceSchema);
   const std::string version = loose.str(loose.at(root, "version", "(top level)"), "version");
-  const auto [major, minor] = parse_version(source, version);
+  const auto [major, minor] = parse_json_version(source, version);
   COMMTRACE_CHECK(major == kMajor, ErrorCode::InvalidArgument,
                   "{}: trace version {} is not supported (this build reads {}.x)", source, version,
                   kMajor);
