@@ -208,17 +208,8 @@ Tensor dispatch(const OpDef& op, const std::vector<Tensor>& inputs, const Comput
     out.impl()->origin = first->impl()->origin;
   }
   if (tracer) {
-    OpRecord r;
-    r.inputs.reserve(inputs.size());
-    r.kind = op.kind;
-    r.name = op.name;
-    r.overload = op.overload;
-    r.dtype = first ? first->dtype() : out.dtype();
-    std::size_t k = 0;
-    for (const Tensor& t : inputs) {
-      if (!t.defined()) continue;
-      r.inputs.push_back(recorded_meta(t, !transposed.empty() && transposed[k++]));
-    }
+    OpRecord r = op_record(op, inputs, transposed);
+    if (!first) r.dtype = out.dtype();
     r.outputs.push_back(TensorMeta{out.shape(), out.shape(), {}});
     r.time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     tracer->record(std::move(r));

@@ -28,6 +28,7 @@ Placement map_to_input(const Placement& out, int out_rank, const Shape& out_shap
 
 }  // namespace
 
+namespace {
 TensorMeta recorded_meta(const Tensor& t, bool transposed) {
   auto swap_last = [&](Shape s) {
     if (transposed && s.size() >= 2) std::swap(s[s.size() - 2], s[s.size() - 1]);
@@ -44,6 +45,23 @@ TensorMeta recorded_meta(const Tensor& t, bool transposed) {
     if (transposed && p.is_shard() && p.dim >= last - 1) p.dim = p.dim == last ? last - 1 : last;
   }
   return TensorMeta{swap_last(d.local.shape()), swap_last(t.shape()), placements_str(pl)};
+}
+}  // namespace
+
+OpRecord op_record(const detail::OpDef& op, const std::vector<Tensor>& inputs,
+                   const detail::Transposed& transposed) {
+  OpRecord r;
+  r.kind = op.kind;
+  r.name = op.name;
+  r.overload = op.overload;
+  r.inputs.reserve(inputs.size());
+  std::size_t k = 0;
+  for (const Tensor& t : inputs) {
+    if (!t.defined()) continue;
+    if (r.inputs.empty()) r.dtype = t.dtype();
+    r.inputs.push_back(recorded_meta(t, !transposed.empty() && transposed[k++]));
+  }
+  return r;
 }
 
 Tensor wrap_like(const Tensor& aux_local, const Tensor& like, const Shape& global,
@@ -278,19 +296,9 @@ Tensor dispatch_dtensor(const OpDef& op, const std::vector<Tensor>& inputs, cons
   Tracer* tracer = Tracer::current();
   std::size_t record_at = 0;
   if (tracer) {
-    OpRecord rec;
-    rec.inputs.reserve(inputs.size());
-    rec.kind = op.kind;
-    rec.name = op.name;
-    rec.overload = op.overload;
+    OpRecord rec = op_record(op, inputs, transposed);
     rec.sharded = true;
     rec.mesh = mesh->str();
-    std::size_t k = 0;
-    for (const Tensor& t : inputs) {
-      if (!t.defined()) continue;
-      rec.inputs.push_back(recorded_meta(t, !transposed.empty() && transposed[k++]));
-      if (rec.inputs.size() == 1) rec.dtype = t.dtype();
-    }
     tracer->record(std::move(rec));
     record_at = tracer->trace().records.size() - 1;
   }

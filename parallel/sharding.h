@@ -64,9 +64,11 @@ ShardingRule expand_rule(int added_dims);
 // Everything Replicate (the safe default).
 ShardingRule replicate_rule();
 
-// How the tracer sees an op input (local and global shape, placements), last two dims swapped
-// when `transposed`.
-TensorMeta recorded_meta(const Tensor& t, bool transposed);
+// The record of an op on these inputs (kind, names, dtype of the first input, every defined
+// input as the tracer sees it: local and global shape, placements; last two dims swapped where
+// `transposed` says). Outputs, phase and module are filled in later.
+OpRecord op_record(const detail::OpDef& op, const std::vector<Tensor>& inputs,
+                   const detail::Transposed& transposed);
 
 // Wraps an auxiliary local result of an op (a saved mean, a dropout mask) as a DTensor beside
 // the op's DTensor output; a plain `like` leaves it plain.
