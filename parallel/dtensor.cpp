@@ -131,6 +131,12 @@ Tensor all_to_all_dim(const Tensor& x, int i, int j, std::int64_t n_i, std::int6
   return to_front(out, j);
 }
 
+// Replicate → Partial(sum): every rank keeps x / w, so that the pending sum is x again. A division
+// by a 0-d tensor, as DTensor does it (recorded as aten.div.Tensor).
+Tensor split_sum(const Tensor& x, int w) {
+  return div(x, Tensor::full({}, double(w), x.dtype(), x.device()));
+}
+
 // PyTorch's topology constants for one host (GB/s and microseconds).
 constexpr double kBandwidthGBs = 87.7;
 constexpr double kLatencyUs = 0.6;
@@ -216,11 +222,11 @@ Tensor redistribute_local(const Tensor& local, const Shape& global, const Device
     } else if (s.is_partial() && t.is_shard()) {
       cur = reduce_scatter_dim(cur, t.dim, s.op, comm);
     } else if (s.is_replicate() && t.is_partial()) {
-      cur = t.op == ReduceOp::Sum ? mul(cur, 1.0 / w) : clone(cur);
+      cur = t.op == ReduceOp::Sum ? split_sum(cur, w) : clone(cur);
     } else if (s.is_partial() && t.is_partial()) {
       cur = clone(cur);
       comm.all_reduce(cur, s.op);
-      if (t.op == ReduceOp::Sum) cur = mul(cur, 1.0 / w);
+      if (t.op == ReduceOp::Sum) cur = split_sum(cur, w);
     } else {
       throw Error(ErrorCode::Unsupported,
                   fmt::format("redistribute: {} → {} on mesh dim '{}' is not supported (a shard "
