@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <tuple>
 
 #include "kernels/cpu.h"
 #include "parallel/autograd.h"
@@ -136,7 +137,8 @@ Tensor unary_op(const OpDef& def, const std::vector<Tensor>& inputs, K kernel,
       {}, rule);
 }
 
-// (rows, cols) of a row-wise op over the last dim.
+// (rows, cols) of a row-wise op over the last dim. Callers bind it with std::tie: kernels
+// lambdas capture the two, and clang 14 cannot capture structured bindings.
 std::pair<i64, i64> rows_cols(const Tensor& x) {
   const i64 cols = last_dim(x);
   return {cols ? x.numel() / cols : 0, cols};
@@ -921,7 +923,8 @@ Tensor softmax(const Tensor& x) {
       def, {x},
       [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
         using T = decltype(tag);
-        const auto [rows, cols] = rows_cols(in[0]);
+        i64 rows = 0, cols = 0;
+        std::tie(rows, cols) = rows_cols(in[0]);
         cpu::softmax_forward<T>(in[0].data<T>(), o.data<T>(), rows, cols);
       },
       &last_dim_rule());
@@ -930,7 +933,8 @@ Tensor softmax(const Tensor& x) {
         back, {g, y},
         [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
           using T = decltype(tag);
-          const auto [rows, cols] = rows_cols(in[0]);
+          i64 rows = 0, cols = 0;
+          std::tie(rows, cols) = rows_cols(in[0]);
           cpu::softmax_backward<T>(in[0].data<T>(), in[1].data<T>(), o.data<T>(), rows, cols);
         },
         &last_dim_rule())};
@@ -958,7 +962,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   Tensor out = dispatch(
       def, {x, weight, bias},
       [&mean, &rstd, eps](const std::vector<Tensor>& in) {
-        const auto [rows, cols] = rows_cols(in[0]);
+        i64 rows = 0, cols = 0;
+        std::tie(rows, cols) = rows_cols(in[0]);
         Shape stat_shape(in[0].shape().begin(), in[0].shape().end() - 1);
         Tensor o = empty_as(in[0].shape(), in[0]);
         mean = Tensor::empty(stat_shape, o.dtype(), o.device());
@@ -985,7 +990,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                 Tensor gx = dispatch(
                     back, {g, x, weight, mean, rstd},
                     [&](const std::vector<Tensor>& in) {
-                      const auto [rows, cols] = rows_cols(in[0]);
+                      i64 rows = 0, cols = 0;
+                      std::tie(rows, cols) = rows_cols(in[0]);
                       Tensor o = empty_as(in[0].shape(), in[0]);
                       const bool affine = in[2].defined();
                       gw = affine ? Tensor::zeros({cols}, o.dtype(), o.device()) : Tensor();
@@ -1204,7 +1210,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
                   "cross_entropy: logits {} give {} rows, targets {} have {}", describe(logits), n,
                   describe(targets), targets.numel());
   Tensor out = dispatch(def, {logits, targets}, [](const std::vector<Tensor>& in) {
-    const auto [rows, cols] = rows_cols(in[0]);
+    i64 rows = 0, cols = 0;
+    std::tie(rows, cols) = rows_cols(in[0]);
     Tensor o = Tensor::empty({}, in[0].dtype(), in[0].device());
     if (run_kernels(o.device())) {
       by_float(o.dtype(), [&](auto tag) {
@@ -1217,7 +1224,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   });
   attach_grad(out, "CrossEntropyBackward", {logits}, [logits, targets](const Tensor& g) {
     Tensor gl = dispatch(back, {g, logits, targets}, [](const std::vector<Tensor>& in) {
-      const auto [rows, cols] = rows_cols(in[1]);
+      i64 rows = 0, cols = 0;
+      std::tie(rows, cols) = rows_cols(in[1]);
       Tensor o = empty_as(in[1].shape(), in[1]);
       if (run_kernels(o.device())) {
         by_float(o.dtype(), [&](auto tag) {
