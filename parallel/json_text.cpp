@@ -9,7 +9,8 @@
 
 namespace commtrace {
 
-nlohmann::ordered_json parse_config_json(const std::string& text, const std::string& source) {
+nlohmann::ordered_json parse_config_json(const std::string& text, const std::string& source,
+                                         const std::string& what) {
   nlohmann::ordered_json j;
   try {
     j = nlohmann::ordered_json::parse(text);
@@ -18,6 +19,13 @@ nlohmann::ordered_json parse_config_json(const std::string& text, const std::str
                 fmt::format("{}: not valid JSON: {}", source, e.what()));
   }
   COMMTRACE_CHECK(j.is_object(), ErrorCode::InvalidArgument, "{}: expected a JSON object", source);
+  const std::string schema = "commtrace." + what;
+  COMMTRACE_CHECK(j.value("schema", "") == schema, ErrorCode::InvalidArgument,
+                  "{}: \"schema\" must be \"{}\"", source, schema);
+  const std::string version = j.value("version", "");
+  COMMTRACE_CHECK(version.rfind("1.", 0) == 0, ErrorCode::InvalidArgument,
+                  "{}: unsupported {} version \"{}\" (this build reads 1.x)", source, what,
+                  version);
   return j;
 }
 

@@ -6,9 +6,11 @@
 
 namespace commtrace {
 
-// REQUIRES: text holds a JSON object. Error(InvalidArgument) "<source>: not valid JSON: ..." or
-// "<source>: expected a JSON object".
-nlohmann::ordered_json parse_config_json(const std::string& text, const std::string& source);
+// REQUIRES: text holds a JSON object with "schema": "commtrace.<what>" and a "version" "1.x".
+// Error(InvalidArgument) naming the source otherwise: not valid JSON, not an object, another
+// schema, or an unsupported version.
+nlohmann::ordered_json parse_config_json(const std::string& text, const std::string& source,
+                                         const std::string& what);
 // The whole file; Error(Io) "cannot read <what> file '<path>'" when it cannot be read.
 std::string read_config_file(const std::string& path, const char* what);
 

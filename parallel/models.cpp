@@ -224,12 +224,7 @@ const ModelEntry& find_model(const std::string& name) {
 
 ModelEntry model_from_json_text(const std::string& text, const std::string& source) {
   using json = nlohmann::ordered_json;
-  const json j = parse_config_json(text, source);
-  COMMTRACE_CHECK(j.value("schema", "") == "commtrace.model", ErrorCode::InvalidArgument,
-                  "{}: \"schema\" must be \"commtrace.model\"", source);
-  const std::string version = j.value("version", "");
-  COMMTRACE_CHECK(version.rfind("1.", 0) == 0, ErrorCode::InvalidArgument,
-                  "{}: unsupported model version \"{}\" (this build reads 1.x)", source, version);
+  const json j = parse_config_json(text, source, "model");
   COMMTRACE_CHECK(j.contains("base") && j["base"].is_string(), ErrorCode::InvalidArgument,
                   "{}: \"base\" must name a zoo model", source);
   ModelEntry e = find_model(j["base"].get<std::string>());

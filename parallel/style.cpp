@@ -358,18 +358,14 @@ std::shared_ptr<ParallelStyle> style_from_json(const json& j, const std::string&
 }  // namespace
 
 Plan plan_from_json_text(const std::string& text, const std::string& source) {
-  const json j = parse_config_json(text, source);
-  COMMTRACE_CHECK(j.value("schema", "") == "commtrace.plan", ErrorCode::InvalidArgument,
-                  "{}: \"schema\" must be \"commtrace.plan\"", source);
-  const std::string version = j.value("version", "");
-  COMMTRACE_CHECK(version.rfind("1.", 0) == 0, ErrorCode::InvalidArgument,
-                  "{}: unsupported plan version \"{}\" (this build reads 1.x)", source, version);
+  const json j = parse_config_json(text, source, "plan");
   COMMTRACE_CHECK(j.contains("plan") && j["plan"].is_object() && !j["plan"].empty(),
                   ErrorCode::InvalidArgument, "{}: \"plan\" must be a non-empty object", source);
   Plan plan;
   plan.name = j.value("name", source);
-  if (j.contains("model_input"))
+  if (j.contains("model_input")) {
     plan.model_input = layout_of(j["model_input"], source + ".model_input");
+  }
   if (j.contains("model_output")) {
     plan.model_output = layout_of(j["model_output"], source + ".model_output");
   }
