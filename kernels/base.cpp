@@ -42,6 +42,20 @@ const char* device_name(Device d) {
   return "?";
 }
 
+const char* reduce_op_name(ReduceOp r) {
+  switch (r) {
+    case ReduceOp::None:
+      return "";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Avg:
+      return "avg";
+    case ReduceOp::Max:
+      return "max";
+  }
+  return "?";
+}
+
 DType parse_dtype(const std::string& s) {
   for (DType dt : {DType::F32, DType::F64, DType::BF16, DType::I64}) {
     if (s == dtype_name(dt)) return dt;

@@ -16,10 +16,13 @@ namespace commtrace {
 // Serialized values are explicit (DESIGN §5.9).
 enum class DType : int { F32 = 0, F64 = 1, BF16 = 2, I64 = 3 };
 enum class Device : int { CPU = 0, Meta = 1, CUDA = 2 };
+// How values combine across ranks (collectives) and in Partial placements; None: not a reduction.
+enum class ReduceOp : int { None = 0, Sum = 1, Avg = 2, Max = 3 };
 
 std::size_t dtype_size(DType dt);
 const char* dtype_name(DType dt);   // "f32", "f64", "bf16", "i64"
 const char* device_name(Device d);  // "cpu", "meta", "cuda"
+const char* reduce_op_name(ReduceOp r);  // "", "sum", "avg", "max"
 DType parse_dtype(const std::string& s);
 Device parse_device(const std::string& s);
 bool is_floating(DType dt);

@@ -14,11 +14,9 @@ namespace commtrace {
 
 enum class Phase : int { Forward = 0, Backward = 1, Optimizer = 2, Recompute = 3 };
 enum class EventKind : int { Collective = 0, Gemm = 1, Compute = 2, Trivial = 3 };
-enum class ReduceOp : int { None = 0, Sum = 1, Avg = 2, Max = 3 };
 
 const char* phase_name(Phase p);  // "forward", "backward", "optimizer", "recompute"
 const char* event_kind_name(EventKind k);
-const char* reduce_op_name(ReduceOp r);  // "", "sum", "avg", "max"
 Phase parse_phase(const std::string& s);
 EventKind parse_event_kind(const std::string& s);
 ReduceOp parse_reduce_op(const std::string& s);

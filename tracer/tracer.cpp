@@ -44,20 +44,6 @@ const char* event_kind_name(EventKind k) {
   return "?";
 }
 
-const char* reduce_op_name(ReduceOp r) {
-  switch (r) {
-    case ReduceOp::None:
-      return "";
-    case ReduceOp::Sum:
-      return "sum";
-    case ReduceOp::Avg:
-      return "avg";
-    case ReduceOp::Max:
-      return "max";
-  }
-  return "?";
-}
-
 Phase parse_phase(const std::string& s) {
   static const Phase all[] = {Phase::Forward, Phase::Backward, Phase::Optimizer, Phase::Recompute};
   return parse_enum(s, phase_name, all, "phase");
