@@ -17,6 +17,7 @@
 #include "report/torch_compat.h"
 #include "report/trace_json.h"
 #include "report/tree.h"
+#include "tracer/json_io.h"
 
 namespace commtrace {
 namespace {
@@ -151,6 +152,7 @@ struct RunArgs {
   std::string rank = "0";
   double lr = 1e-3;
   std::string json, torch_json;
+  bool pretty = false;
   std::vector<std::string> expect;
 };
 
@@ -197,12 +199,12 @@ int cmd_run(RunArgs& a) {
   a.view.print(t);
 
   if (!a.json.empty()) {
-    write_file(a.json, write_trace_json(traces));
+    write_trace_file(a.json, traces, a.pretty);
     fmt::print(head, "wrote {} ({} rank{})\n", a.json, traces.size(),
                traces.size() == 1 ? "" : "s");
   }
   if (!a.torch_json.empty()) {
-    write_file(a.torch_json, torch_json_dump(t, a.view.noise));
+    write_text_file(a.torch_json, torch_json_dump(t, a.view.noise));
     fmt::print(head, "wrote {} (PyTorch generate_json_dump, noise {})\n", a.torch_json,
                a.view.noise);
   }
@@ -221,7 +223,9 @@ int cmd_run(RunArgs& a) {
   }
   if (!a.expect.empty()) {
     const CheckResult r = check_expectations(t, a.expect);
-    for (const auto& d : r.differences) fmt::print(head, "expectation failed: {}\n", d);
+    for (const Mismatch& d : r.differences) {
+      fmt::print(head, "expectation failed: {}\n", d.str());
+    }
     if (r.ok) fmt::print(head, "expectations met: {}\n", a.expect.size());
     if (!r.ok) rc = 1;
   }
@@ -256,12 +260,11 @@ struct DiffArgs {
 int cmd_diff(DiffArgs& d) {
   const std::vector<Trace> ta = load_traces(d.a), tb = load_traces(d.b);
   DiffOptions o;
-  o.color = use_color();
   o.label_a = d.a;
   o.label_b = d.b;
   o.max_depth = d.depth;
   const DiffResult r = diff_traces(pick_rank(ta, d.rank, d.a), pick_rank(tb, d.rank, d.b), o);
-  fmt::print("{}", r.text);
+  fmt::print("{}", render_diff(r, use_color()));
   return r.equal ? 0 : 1;
 }
 
@@ -275,17 +278,17 @@ int cmd_check(CheckArgs& c) {
   const std::vector<Trace> traces = load_traces(c.trace);
   const Trace& t = pick_rank(traces, c.rank, c.trace);
   if (c.update) {
-    write_file(c.baseline, make_baseline(t));
+    write_text_file(c.baseline, make_baseline(t));
     fmt::print("wrote baseline {} from {}\n", c.baseline, c.trace);
     return 0;
   }
-  const CheckResult r = check_baseline(t, read_file(c.baseline), c.baseline);
+  const CheckResult r = check_baseline(t, read_text_file(c.baseline, "baseline"), c.baseline);
   if (r.ok) {
     fmt::print("OK: {} matches baseline {}\n", c.trace, c.baseline);
     return 0;
   }
   fmt::print("FAIL: {} differs from baseline {}:\n", c.trace, c.baseline);
-  for (const auto& d : r.differences) fmt::print("  {}\n", d);
+  for (const Mismatch& d : r.differences) fmt::print("  {}\n", d.str());
   return 1;
 }
 
@@ -344,6 +347,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   run_cmd->add_option("--lr", run_args.lr, "AdamW learning rate")->capture_default_str();
   run_cmd->add_option("--json", run_args.json, "Write commtrace's trace JSON (all traced ranks)");
+  run_cmd->add_flag("--pretty", run_args.pretty, "Indent the --json file (compact by default)");
   run_cmd->add_option("--torch-json", run_args.torch_json,
                       "Write PyTorch's generate_json_dump format (at --noise)");
   run_cmd->add_option("--expect", run_args.expect,

@@ -80,7 +80,9 @@ std::int64_t numel(const Shape& s) {
   return n;
 }
 
-std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+std::string shape_str(std::span<const std::int64_t> s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
 
 const char* error_code_name(ErrorCode c) {
   switch (c) {

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -20,8 +21,8 @@ enum class Device : int { CPU = 0, Meta = 1, CUDA = 2 };
 enum class ReduceOp : int { None = 0, Sum = 1, Avg = 2, Max = 3 };
 
 std::size_t dtype_size(DType dt);
-const char* dtype_name(DType dt);   // "f32", "f64", "bf16", "i64"
-const char* device_name(Device d);  // "cpu", "meta", "cuda"
+const char* dtype_name(DType dt);        // "f32", "f64", "bf16", "i64"
+const char* device_name(Device d);       // "cpu", "meta", "cuda"
 const char* reduce_op_name(ReduceOp r);  // "", "sum", "avg", "max"
 DType parse_dtype(const std::string& s);
 Device parse_device(const std::string& s);
@@ -29,7 +30,7 @@ bool is_floating(DType dt);
 
 using Shape = std::vector<std::int64_t>;
 std::int64_t numel(const Shape& s);
-std::string shape_str(const Shape& s);  // "[8, 10]"
+std::string shape_str(std::span<const std::int64_t> s);  // "[8, 10]"
 
 enum class ErrorCode : int {
   InvalidArgument = 1,

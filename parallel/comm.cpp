@@ -1,11 +1,10 @@
-// Communicator front end: argument checks, sequence numbers and tracing for every collective,
-// shared by all backends (DESIGN §1), plus the thread-local CollectiveScope stack and the
-// nccl-tests bus-bandwidth table. Moving data is the backends' job (comm_threads.cpp,
-// comm_fake.cpp); nothing here waits or touches tensor data.
+// Communicator front end: argument checks (from each collective's buffer rule), sequence numbers
+// and tracing for every collective, shared by all backends (DESIGN §1), plus the thread-local
+// CollectiveScope stack. Moving data is the backends' job (comm_threads.cpp, comm_fake.cpp);
+// nothing here waits or touches tensor data.
 #include "parallel/comm.h"
 
 #include <algorithm>
-#include <chrono>
 #include <utility>
 
 #include "tracer/tracer.h"
@@ -37,8 +36,8 @@ Shape with_dim0(Shape s, std::int64_t d0) {
 }
 }  // namespace
 
-CollectiveScope::CollectiveScope(CollectiveContext ctx)
-    : previous_(g_collective_ctx), ctx_(std::move(ctx)) {
+CollectiveScope::CollectiveScope(const CollectiveContext& ctx)
+    : previous_(g_collective_ctx), ctx_(ctx) {
   g_collective_ctx = &ctx_;
 }
 
@@ -46,8 +45,6 @@ CollectiveScope::~CollectiveScope() { g_collective_ctx = previous_; }
 
 const CollectiveContext* CollectiveScope::current() { return g_collective_ctx; }
 
-// One table for the per-collective math (DESIGN §3, §5.4). PyTorch-compatible names map to the
-// same factors so readers of a PyTorch-style JSON can use it too.
 Communicator::Communicator(std::string group, std::vector<int> ranks, int global_rank)
     : group_(std::move(group)), ranks_(std::move(ranks)) {
   COMMTRACE_CHECK(!ranks_.empty(), ErrorCode::InvalidArgument,
@@ -69,175 +66,181 @@ void Communicator::check_tensor(const char* op, const char* arg, const Tensor& t
                   device_name(t.device()), arg, describe(t));
 }
 
-template <class F>
-void Communicator::traced(const char* op, std::uint64_t seq, const std::vector<const Tensor*>& ins,
-                          const std::vector<const Tensor*>& outs, std::uint64_t bytes, ReduceOp rop,
-                          F&& hook) {
+// The checks of every collective, driven by its spec's buffer rule. Messages name the op, the
+// argument, the value and what was expected.
+void Communicator::check(const CollectiveCall& c) const {
+  const CollectiveSpec& spec = collective_spec(c.op);
+  const char* op = spec.name;
+  const int n = size();
+  const bool in_place = spec.buffers == BufferRule::InPlace;
+  const bool single = in_place || spec.p2p;  // one buffer, named t
+  if (c.in) check_tensor(op, single ? "t" : "in", *c.in);
+  if (c.out && c.out != c.in) check_tensor(op, single ? "t" : "out", *c.out);
+  if (spec.reduces) {
+    COMMTRACE_CHECK(c.reduce != ReduceOp::None, ErrorCode::InvalidArgument,
+                    "{}: a reduce op is required (sum, avg or max)", op);
+  }
+  if (c.in && c.out && !in_place) {
+    COMMTRACE_CHECK(c.in->dtype() == c.out->dtype(), ErrorCode::InvalidArgument,
+                    "{}: in is {} but out is {}; dtypes must match", op, describe(*c.in),
+                    describe(*c.out));
+  }
+  if (c.reduce == ReduceOp::Avg) {
+    COMMTRACE_CHECK(is_floating(c.in->dtype()), ErrorCode::InvalidArgument,
+                    "{}: reduce op avg needs a floating dtype, got {}", op, describe(*c.in));
+  }
+  if (spec.rooted) {
+    COMMTRACE_CHECK(c.root >= 0 && c.root < n, ErrorCode::InvalidArgument,
+                    "{}: root {} out of range [0, {}) for group '{}'", op, c.root, n, group_);
+  }
+  if (spec.p2p) {
+    COMMTRACE_CHECK(c.peer >= 0 && c.peer < n, ErrorCode::InvalidArgument,
+                    "{}: peer {} out of range [0, {}) for group '{}'", op, c.peer, n, group_);
+    COMMTRACE_CHECK(c.peer != rank_, ErrorCode::InvalidArgument,
+                    "{}: peer {} is this rank (group '{}' rank {}); {} another rank", op, c.peer,
+                    group_, rank_, c.op == Collective::Send ? "send to" : "receive from");
+  }
+  const BufferRule rule = spec.buffers;
+  if (rule != BufferRule::Gather && rule != BufferRule::Scatter && rule != BufferRule::Exchange) {
+    return;
+  }
+  const Tensor& in = *c.in;
+  const Tensor& out = *c.out;
+  const char* verb = rule == BufferRule::Gather    ? "gathered"
+                     : rule == BufferRule::Scatter ? "scattered"
+                                                   : "split";
+  COMMTRACE_CHECK(in.dim() >= 1, ErrorCode::InvalidArgument,
+                  "{}: in is {}; it needs at least one dim ({} along dim 0)", op, describe(in),
+                  verb);
+  if (rule == BufferRule::Gather) {
+    COMMTRACE_CHECK(out.numel() == n * in.numel(), ErrorCode::ShapeMismatch,
+                    "{}: out has {} elements, expected {} ranks × {} = {} (in is {})", op,
+                    out.numel(), n, in.numel(), n * in.numel(), describe(in));
+    const Shape want = with_dim0(in.shape(), in.size(0) * n);
+    COMMTRACE_CHECK(out.shape() == want, ErrorCode::ShapeMismatch,
+                    "{}: out is {}, expected shape {} ({} ranks × in {} along dim 0)", op,
+                    describe(out), shape_str(want), n, shape_str(in.shape()));
+  } else {
+    COMMTRACE_CHECK(in.size(0) % n == 0, ErrorCode::ShapeMismatch,
+                    "{}: in {} has {} rows in dim 0, not divisible by {} ranks", op, describe(in),
+                    in.size(0), n);
+    if (rule == BufferRule::Scatter) {
+      const Shape want = with_dim0(in.shape(), in.size(0) / n);
+      COMMTRACE_CHECK(out.shape() == want, ErrorCode::ShapeMismatch,
+                      "{}: out is {}, expected shape {} (in {} split over {} ranks along dim 0)",
+                      op, describe(out), shape_str(want), shape_str(in.shape()), n);
+    } else {
+      COMMTRACE_CHECK(out.shape() == in.shape(), ErrorCode::ShapeMismatch,
+                      "{}: out is {}, expected the shape of in {}", op, describe(out),
+                      shape_str(in.shape()));
+    }
+  }
+  COMMTRACE_CHECK(!overlaps(in, out), ErrorCode::InvalidArgument,
+                  "{}: in and out overlap in memory; use separate buffers", op);
+}
+
+void Communicator::issue(CollectiveCall& c) {
+  check(c);
+  const CollectiveSpec& spec = collective_spec(c.op);
+  if (c.op == Collective::Send) {
+    c.seq = send_seq_[std::size_t(c.peer)]++;
+  } else if (c.op == Collective::Recv) {
+    c.seq = recv_seq_[std::size_t(c.peer)]++;
+  } else {
+    c.seq = seq_++;
+  }
   Tracer* tracer = Tracer::current();
   if (tracer == nullptr) {
-    hook();
+    run(c);
     return;
   }
   const CollectiveContext* ctx = CollectiveScope::current();
-  auto meta = [&](const Tensor& t, bool input) {
-    TensorMeta m;
-    m.shape = t.shape();
-    m.global_shape = ctx != nullptr && !ctx->global_shape.empty() ? ctx->global_shape : t.shape();
-    if (ctx != nullptr) m.placements = input ? ctx->placements_before : ctx->placements_after;
-    return m;
+  const std::span<const std::int64_t> global =
+      ctx ? ctx->global_shape : std::span<const std::int64_t>();
+  auto arg = [&](const Tensor& t, bool input) {
+    return ArgView{t.shape(), global,
+                   ctx ? (input ? ctx->before : ctx->after) : std::span<const Placement>()};
   };
-  OpRecord r;
-  r.inputs.reserve(ins.size());
-  r.kind = EventKind::Collective;
-  r.name = op;
-  if (!ins.empty()) r.dtype = ins.front()->dtype();
-  if (!outs.empty()) r.dtype = outs.front()->dtype();
-  for (const Tensor* t : ins) r.inputs.push_back(meta(*t, true));
-  for (const Tensor* t : outs) r.outputs.push_back(meta(*t, false));
-  if (ctx != nullptr) {
-    r.mesh = ctx->mesh;
-    r.reason = ctx->reason;
-    r.collective.placements_before = ctx->placements_before;
-    r.collective.placements_after = ctx->placements_after;
+  const bool in_place = spec.buffers == BufferRule::InPlace;
+  ArgView ins[1], outs[1];
+  EventView e;
+  e.kind = EventKind::Collective;
+  e.name = spec.name;
+  if (c.in) {
+    ins[0] = arg(*c.in, true);
+    e.inputs = {ins, 1};
+    e.dtype = c.in->dtype();
   }
-  r.collective.seq = seq;
-  r.collective.group = group_;
-  r.collective.group_size = size();
-  r.collective.group_rank = rank_;
-  r.collective.bytes = bytes;
-  r.collective.reduce_op = rop;
+  if (c.out) {
+    outs[0] = arg(*c.out, false);
+    e.outputs = {outs, 1};
+    e.dtype = c.out->dtype();
+  }
+  if (ctx) {
+    e.mesh = ctx->mesh;
+    e.reason = ctx->reason;
+  }
+  CollectiveView cv;
+  cv.op = c.op;
+  cv.reduce_op = c.reduce;
+  cv.seq = c.seq;
+  cv.group = group_;
+  cv.group_size = size();
+  cv.group_rank = rank_;
+  cv.peer = c.peer;
+  cv.root = c.root;
+  cv.bytes = spec.bytes == ByteSource::Input    ? tensor_bytes(*c.in)
+             : spec.bytes == ByteSource::Output ? tensor_bytes(in_place ? *c.in : *c.out)
+                                                : 0;
+  if (ctx) {
+    cv.before = ctx->before;
+    cv.after = ctx->after;
+  }
   // Recorded before the hook so that a call that fails (mismatch, timeout) still shows in the
-  // trace; the time is filled in when the hook returns.
-  tracer->record(std::move(r));
-  const std::size_t index = tracer->trace().records.size() - 1;
-  const auto start = std::chrono::steady_clock::now();
-  hook();
-  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-  if (Tracer::current() == tracer && index < tracer->trace().records.size()) {
-    tracer->trace().records[index].time_s = took.count();
-  }
+  // trace; its duration is set when the hook returns.
+  const std::uint32_t index = tracer->begin(e, &cv);
+  run(c);
+  if (Tracer::current() == tracer) tracer->finish(index);
 }
 
 void Communicator::all_reduce(Tensor& t, ReduceOp op) {
-  check_tensor("all_reduce", "t", t);
-  COMMTRACE_CHECK(op != ReduceOp::None, ErrorCode::InvalidArgument,
-                  "all_reduce: a reduce op is required (sum, avg or max)");
-  COMMTRACE_CHECK(op != ReduceOp::Avg || is_floating(t.dtype()), ErrorCode::InvalidArgument,
-                  "all_reduce: reduce op avg needs a floating dtype, got {}", describe(t));
-  const std::uint64_t seq = seq_++;
-  traced("all_reduce", seq, {&t}, {&t}, tensor_bytes(t), op, [&] { do_all_reduce(t, op, seq); });
+  CollectiveCall c{Collective::AllReduce, &t, &t, op};
+  issue(c);
 }
 
 void Communicator::all_gather(const Tensor& in, Tensor& out) {
-  check_tensor("all_gather", "in", in);
-  check_tensor("all_gather", "out", out);
-  const int n = size();
-  COMMTRACE_CHECK(in.dtype() == out.dtype(), ErrorCode::InvalidArgument,
-                  "all_gather: in is {} but out is {}; dtypes must match", describe(in),
-                  describe(out));
-  COMMTRACE_CHECK(in.dim() >= 1, ErrorCode::InvalidArgument,
-                  "all_gather: in is {}; it needs at least one dim (gathered along dim 0)",
-                  describe(in));
-  COMMTRACE_CHECK(out.numel() == n * in.numel(), ErrorCode::ShapeMismatch,
-                  "all_gather: out has {} elements, expected {} ranks × {} = {} (in is {})",
-                  out.numel(), n, in.numel(), n * in.numel(), describe(in));
-  const Shape want = with_dim0(in.shape(), in.size(0) * n);
-  COMMTRACE_CHECK(out.shape() == want, ErrorCode::ShapeMismatch,
-                  "all_gather: out is {}, expected shape {} ({} ranks × in {} along dim 0)",
-                  describe(out), shape_str(want), n, shape_str(in.shape()));
-  COMMTRACE_CHECK(!overlaps(in, out), ErrorCode::InvalidArgument,
-                  "all_gather: in and out overlap in memory; use separate buffers");
-  const std::uint64_t seq = seq_++;
-  traced("all_gather", seq, {&in}, {&out}, tensor_bytes(out), ReduceOp::None,
-         [&] { do_all_gather(in, out, seq); });
+  CollectiveCall c{Collective::AllGather, &in, &out};
+  issue(c);
 }
 
 void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
-  check_tensor("reduce_scatter", "in", in);
-  check_tensor("reduce_scatter", "out", out);
-  const int n = size();
-  COMMTRACE_CHECK(op != ReduceOp::None, ErrorCode::InvalidArgument,
-                  "reduce_scatter: a reduce op is required (sum, avg or max)");
-  COMMTRACE_CHECK(in.dtype() == out.dtype(), ErrorCode::InvalidArgument,
-                  "reduce_scatter: in is {} but out is {}; dtypes must match", describe(in),
-                  describe(out));
-  COMMTRACE_CHECK(op != ReduceOp::Avg || is_floating(in.dtype()), ErrorCode::InvalidArgument,
-                  "reduce_scatter: reduce op avg needs a floating dtype, got {}", describe(in));
-  COMMTRACE_CHECK(in.dim() >= 1, ErrorCode::InvalidArgument,
-                  "reduce_scatter: in is {}; it needs at least one dim (scattered along dim 0)",
-                  describe(in));
-  COMMTRACE_CHECK(in.size(0) % n == 0, ErrorCode::ShapeMismatch,
-                  "reduce_scatter: in {} has {} rows in dim 0, not divisible by {} ranks",
-                  describe(in), in.size(0), n);
-  const Shape want = with_dim0(in.shape(), in.size(0) / n);
-  COMMTRACE_CHECK(out.shape() == want, ErrorCode::ShapeMismatch,
-                  "reduce_scatter: out is {}, expected shape {} (in {} split over {} ranks along "
-                  "dim 0)",
-                  describe(out), shape_str(want), shape_str(in.shape()), n);
-  COMMTRACE_CHECK(!overlaps(in, out), ErrorCode::InvalidArgument,
-                  "reduce_scatter: in and out overlap in memory; use separate buffers");
-  const std::uint64_t seq = seq_++;
-  traced("reduce_scatter", seq, {&in}, {&out}, tensor_bytes(in), op,
-         [&] { do_reduce_scatter(in, out, op, seq); });
+  CollectiveCall c{Collective::ReduceScatter, &in, &out, op};
+  issue(c);
 }
 
 void Communicator::all_to_all(const Tensor& in, Tensor& out) {
-  check_tensor("all_to_all", "in", in);
-  check_tensor("all_to_all", "out", out);
-  const int n = size();
-  COMMTRACE_CHECK(in.dtype() == out.dtype(), ErrorCode::InvalidArgument,
-                  "all_to_all: in is {} but out is {}; dtypes must match", describe(in),
-                  describe(out));
-  COMMTRACE_CHECK(in.dim() >= 1, ErrorCode::InvalidArgument,
-                  "all_to_all: in is {}; it needs at least one dim (split along dim 0)",
-                  describe(in));
-  COMMTRACE_CHECK(in.size(0) % n == 0, ErrorCode::ShapeMismatch,
-                  "all_to_all: in {} has {} rows in dim 0, not divisible by {} ranks", describe(in),
-                  in.size(0), n);
-  COMMTRACE_CHECK(out.shape() == in.shape(), ErrorCode::ShapeMismatch,
-                  "all_to_all: out is {}, expected the shape of in {}", describe(out),
-                  shape_str(in.shape()));
-  COMMTRACE_CHECK(!overlaps(in, out), ErrorCode::InvalidArgument,
-                  "all_to_all: in and out overlap in memory; use separate buffers");
-  const std::uint64_t seq = seq_++;
-  traced("all_to_all", seq, {&in}, {&out}, tensor_bytes(in), ReduceOp::None,
-         [&] { do_all_to_all(in, out, seq); });
+  CollectiveCall c{Collective::AllToAll, &in, &out};
+  issue(c);
 }
 
 void Communicator::broadcast(Tensor& t, int root) {
-  check_tensor("broadcast", "t", t);
-  COMMTRACE_CHECK(root >= 0 && root < size(), ErrorCode::InvalidArgument,
-                  "broadcast: root {} out of range [0, {}) for group '{}'", root, size(), group_);
-  const std::uint64_t seq = seq_++;
-  traced("broadcast", seq, {&t}, {&t}, tensor_bytes(t), ReduceOp::None,
-         [&] { do_broadcast(t, root, seq); });
+  CollectiveCall c{Collective::Broadcast, &t, &t, ReduceOp::None, root};
+  issue(c);
 }
 
 void Communicator::send(const Tensor& t, int peer) {
-  check_tensor("send", "t", t);
-  COMMTRACE_CHECK(peer >= 0 && peer < size(), ErrorCode::InvalidArgument,
-                  "send: peer {} out of range [0, {}) for group '{}'", peer, size(), group_);
-  COMMTRACE_CHECK(peer != rank_, ErrorCode::InvalidArgument,
-                  "send: peer {} is this rank (group '{}' rank {}); send to another rank", peer,
-                  group_, rank_);
-  const std::uint64_t seq = send_seq_[std::size_t(peer)]++;
-  traced("send", seq, {&t}, {}, tensor_bytes(t), ReduceOp::None, [&] { do_send(t, peer, seq); });
+  CollectiveCall c{Collective::Send, &t, nullptr, ReduceOp::None, -1, peer};
+  issue(c);
 }
 
 void Communicator::recv(Tensor& t, int peer) {
-  check_tensor("recv", "t", t);
-  COMMTRACE_CHECK(peer >= 0 && peer < size(), ErrorCode::InvalidArgument,
-                  "recv: peer {} out of range [0, {}) for group '{}'", peer, size(), group_);
-  COMMTRACE_CHECK(peer != rank_, ErrorCode::InvalidArgument,
-                  "recv: peer {} is this rank (group '{}' rank {}); receive from another rank",
-                  peer, group_, rank_);
-  const std::uint64_t seq = recv_seq_[std::size_t(peer)]++;
-  traced("recv", seq, {}, {&t}, tensor_bytes(t), ReduceOp::None, [&] { do_recv(t, peer, seq); });
+  CollectiveCall c{Collective::Recv, nullptr, &t, ReduceOp::None, -1, peer};
+  issue(c);
 }
 
 void Communicator::barrier() {
-  const std::uint64_t seq = seq_++;
-  traced("barrier", seq, {}, {}, 0, ReduceOp::None, [&] { do_barrier(seq); });
+  CollectiveCall c{Collective::Barrier};
+  issue(c);
 }
 
 }  // namespace commtrace

@@ -1,13 +1,17 @@
 // Communicators: the ONE entry point of every collective (DESIGN §1). The public methods are
 // non-virtual: they validate the arguments, stamp a per-communicator sequence number, record the
-// op into the current tracer, then call the backend's protected do_* hook. Backends cannot skip
-// tracing. Buffers are contiguous tensors; chunked ops split along dim 0 (callers move other
-// dims to the front). Backends live in comm_threads.cpp / comm_fake.cpp; launch() in launch.h.
+// op into the current tracer, then call the backend's protected run() hook. What each collective
+// is (buffers, bytes, reduce op, root, peer) comes from its row in tracer/collectives.h. Backends
+// cannot skip tracing. Buffers are contiguous tensors; chunked ops split along dim 0 (callers move
+// other dims to the front). Backends live in comm_threads.cpp / comm_fake.cpp; launch() in
+// launch.h.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "parallel/tensor.h"
@@ -16,19 +20,19 @@
 
 namespace commtrace {
 
-// Why the collectives issued inside this scope happen, filled in by redistribute and the
-// parallel styles; the communicator copies it into each record. Thread-local, nests.
+// Why the collectives issued inside this scope happen, filled in by redistribute, the parallel
+// styles and DDP; the communicator records it with each collective. The views must outlive the
+// scope (the scope's owner keeps the data). Thread-local, nests; costs nothing untraced.
 struct CollectiveContext {
-  std::string reason;             // "out_proj output: Partial(sum) → Replicate (RowwiseParallel)"
-  std::string placements_before;  // "(Partial(sum),)"
-  std::string placements_after;   // "(Replicate(),)"
-  std::string mesh;               // "DeviceMesh((4,), 'cpu', stride=(1,))"
-  Shape global_shape;             // of the DTensor being redistributed
+  std::string_view reason;  // "ToyModel.out_proj output (RowwiseParallel output_layouts)"
+  std::span<const Placement> before, after;  // the redistribution step it serves
+  const MeshInfo* mesh = nullptr;
+  std::span<const std::int64_t> global_shape;  // of the DTensor being redistributed
 };
 
 class CollectiveScope {
  public:
-  explicit CollectiveScope(CollectiveContext ctx);
+  explicit CollectiveScope(const CollectiveContext& ctx);
   ~CollectiveScope();
   CollectiveScope(const CollectiveScope&) = delete;
   CollectiveScope& operator=(const CollectiveScope&) = delete;
@@ -37,6 +41,18 @@ class CollectiveScope {
  private:
   const CollectiveContext* previous_;
   CollectiveContext ctx_;
+};
+
+// One collective call as the backends see it: validated arguments and its sequence number.
+// in and out are the same tensor for in-place collectives; null where the spec has no buffer.
+struct CollectiveCall {
+  Collective op = Collective::Barrier;
+  const Tensor* in = nullptr;
+  const Tensor* out = nullptr;
+  ReduceOp reduce = ReduceOp::None;
+  int root = -1;  // group rank, broadcast
+  int peer = -1;  // group rank, send and recv
+  std::uint64_t seq = 0;
 };
 
 class Communicator {
@@ -75,25 +91,17 @@ class Communicator {
   void barrier();
 
  protected:
-  // Hooks get validated arguments; seq is this call's sequence number (equal on every rank).
-  virtual void do_all_reduce(Tensor& t, ReduceOp op, std::uint64_t seq) = 0;
-  virtual void do_all_gather(const Tensor& in, Tensor& out, std::uint64_t seq) = 0;
-  virtual void do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, std::uint64_t seq) = 0;
-  virtual void do_all_to_all(const Tensor& in, Tensor& out, std::uint64_t seq) = 0;
-  virtual void do_broadcast(Tensor& t, int root, std::uint64_t seq) = 0;
-  virtual void do_send(const Tensor& t, int peer, std::uint64_t seq) = 0;
-  virtual void do_recv(Tensor& t, int peer, std::uint64_t seq) = 0;
-  virtual void do_barrier(std::uint64_t seq) = 0;
+  // The backend's hook: gets validated arguments (tracer/collectives.h's buffer rules hold).
+  virtual void run(const CollectiveCall& call) = 0;
   // Devices whose tensors this backend can move; checked with the arguments, before recording.
   virtual bool supports_device(Device d) const { return true; }
 
  private:
-  // Checks that t is defined and on a device this backend supports.
+  // The one entry: checks the call against its spec, numbers it, records it (when a tracer is
+  // current), then runs the backend's hook.
+  void issue(CollectiveCall& call);
+  void check(const CollectiveCall& call) const;
   void check_tensor(const char* op, const char* arg, const Tensor& t) const;
-  // Records (when a tracer is current) and times the hook. seq is the call's sequence number.
-  template <class F>
-  void traced(const char* op, std::uint64_t seq, const std::vector<const Tensor*>& ins,
-              const std::vector<const Tensor*>& outs, std::uint64_t bytes, ReduceOp rop, F&& hook);
 
   std::string group_;
   std::vector<int> ranks_;

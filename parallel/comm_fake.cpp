@@ -14,14 +14,7 @@ class FakeCommunicator final : public Communicator {
   const char* backend_name() const override { return "fake"; }
 
  protected:
-  void do_all_reduce(Tensor&, ReduceOp, std::uint64_t) override {}
-  void do_all_gather(const Tensor&, Tensor&, std::uint64_t) override {}
-  void do_reduce_scatter(const Tensor&, Tensor&, ReduceOp, std::uint64_t) override {}
-  void do_all_to_all(const Tensor&, Tensor&, std::uint64_t) override {}
-  void do_broadcast(Tensor&, int, std::uint64_t) override {}
-  void do_send(const Tensor&, int, std::uint64_t) override {}
-  void do_recv(Tensor&, int, std::uint64_t) override {}
-  void do_barrier(std::uint64_t) override {}
+  void run(const CollectiveCall&) override {}
 };
 
 class FakeWorld final : public World {

@@ -38,22 +38,23 @@ constexpr auto kWaitSlice = std::chrono::milliseconds(10);
 
 // What a rank asks for at one sequence number; every rank of the group must ask for the same.
 struct CallDesc {
-  const char* op = "";
+  Collective op = Collective::Barrier;
   DType dtype = DType::F32;
   Shape shape;  // t for all_reduce and broadcast, in for the others; empty for barrier
   ReduceOp reduce = ReduceOp::None;
   int root = -1;
 
   bool operator==(const CallDesc& o) const {
-    return std::strcmp(op, o.op) == 0 && dtype == o.dtype && shape == o.shape &&
-           reduce == o.reduce && root == o.root;
+    return op == o.op && dtype == o.dtype && shape == o.shape && reduce == o.reduce &&
+           root == o.root;
   }
 };
 
 // "all_reduce(f32[4, 4], sum)", "broadcast(f32[4], root 0)", "barrier()".
 std::string call_str(const CallDesc& d) {
-  if (std::strcmp(d.op, "barrier") == 0) return "barrier()";
-  std::string s = fmt::format("{}({}{}", d.op, dtype_name(d.dtype), shape_str(d.shape));
+  if (d.op == Collective::Barrier) return "barrier()";
+  std::string s =
+      fmt::format("{}({}{}", collective_name(d.op), dtype_name(d.dtype), shape_str(d.shape));
   if (d.reduce != ReduceOp::None) s += fmt::format(", {}", reduce_op_name(d.reduce));
   if (d.root >= 0) s += fmt::format(", root {}", d.root);
   return s + ")";
@@ -217,11 +218,34 @@ class ThreadsCommunicator final : public Communicator {
  protected:
   bool supports_device(Device d) const override { return d == Device::CPU; }
 
-  void do_all_reduce(Tensor& t, ReduceOp op, std::uint64_t seq) override {
+  void run(const CollectiveCall& c) override {
+    Tensor& out = const_cast<Tensor&>(*(c.out ? c.out : c.in));
+    switch (c.op) {
+      case Collective::AllReduce:
+        return do_all_reduce(out, c.reduce, c.seq);
+      case Collective::AllGather:
+        return do_all_gather(*c.in, out, c.seq);
+      case Collective::ReduceScatter:
+        return do_reduce_scatter(*c.in, out, c.reduce, c.seq);
+      case Collective::AllToAll:
+        return do_all_to_all(*c.in, out, c.seq);
+      case Collective::Broadcast:
+        return do_broadcast(out, c.root, c.seq);
+      case Collective::Send:
+        return do_send(*c.in, c.peer, c.seq);
+      case Collective::Recv:
+        return do_recv(out, c.peer, c.seq);
+      case Collective::Barrier:
+        return do_barrier(c.seq);
+    }
+  }
+
+ private:
+  void do_all_reduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
     const DType dt = t.dtype();
     const std::int64_t n_elems = t.numel();
     void* buf = data_of(t);
-    collective({"all_reduce", dt, t.shape(), op, -1}, buf, buf, seq,
+    collective({Collective::AllReduce, dt, t.shape(), op, -1}, buf, buf, seq,
                [&](const std::vector<const void*>& ins, const std::vector<void*>& outs) {
                  // Chunk bounds are multiples of 64 elements so ranks write different lines.
                  const int n = size();
@@ -233,23 +257,23 @@ class ThreadsCommunicator final : public Communicator {
                });
   }
 
-  void do_all_gather(const Tensor& in, Tensor& out, std::uint64_t seq) override {
+  void do_all_gather(const Tensor& in, Tensor& out, std::uint64_t seq) {
     const std::int64_t bytes = in.numel() * std::int64_t(dtype_size(in.dtype()));
     void* dst = data_of(out);
-    collective({"all_gather", in.dtype(), in.shape(), ReduceOp::None, -1}, data_of(in), dst, seq,
-               [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
+    collective({Collective::AllGather, in.dtype(), in.shape(), ReduceOp::None, -1}, data_of(in),
+               dst, seq, [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
                  for (int j = 0; j < size(); ++j) {
                    std::memcpy(byte_ptr(dst, j * bytes), ins[std::size_t(j)], std::size_t(bytes));
                  }
                });
   }
 
-  void do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, std::uint64_t seq) override {
+  void do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, std::uint64_t seq) {
     const DType dt = in.dtype();
     const std::int64_t chunk = out.numel();
     const std::int64_t offset = rank() * chunk * std::int64_t(dtype_size(dt));
     void* dst = data_of(out);
-    collective({"reduce_scatter", dt, in.shape(), op, -1}, data_of(in), dst, seq,
+    collective({Collective::ReduceScatter, dt, in.shape(), op, -1}, data_of(in), dst, seq,
                [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
                  std::vector<const void*> srcs;
                  for (const void* p : ins) srcs.push_back(byte_ptr(p, offset));
@@ -257,11 +281,11 @@ class ThreadsCommunicator final : public Communicator {
                });
   }
 
-  void do_all_to_all(const Tensor& in, Tensor& out, std::uint64_t seq) override {
+  void do_all_to_all(const Tensor& in, Tensor& out, std::uint64_t seq) {
     const std::int64_t chunk_bytes = in.numel() / size() * std::int64_t(dtype_size(in.dtype()));
     void* dst = data_of(out);
-    collective({"all_to_all", in.dtype(), in.shape(), ReduceOp::None, -1}, data_of(in), dst, seq,
-               [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
+    collective({Collective::AllToAll, in.dtype(), in.shape(), ReduceOp::None, -1}, data_of(in), dst,
+               seq, [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
                  for (int j = 0; j < size(); ++j) {
                    std::memcpy(byte_ptr(dst, j * chunk_bytes),
                                byte_ptr(ins[std::size_t(j)], rank() * chunk_bytes),
@@ -270,23 +294,23 @@ class ThreadsCommunicator final : public Communicator {
                });
   }
 
-  void do_broadcast(Tensor& t, int root, std::uint64_t seq) override {
+  void do_broadcast(Tensor& t, int root, std::uint64_t seq) {
     const std::size_t bytes = std::size_t(t.numel()) * dtype_size(t.dtype());
     void* buf = data_of(t);
-    collective({"broadcast", t.dtype(), t.shape(), ReduceOp::None, root}, buf, buf, seq,
+    collective({Collective::Broadcast, t.dtype(), t.shape(), ReduceOp::None, root}, buf, buf, seq,
                [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
                  if (rank() != root) std::memcpy(buf, ins[std::size_t(root)], bytes);
                });
   }
 
-  void do_barrier(std::uint64_t seq) override {
-    collective({"barrier", DType::F32, {}, ReduceOp::None, -1}, nullptr, nullptr, seq,
+  void do_barrier(std::uint64_t seq) {
+    collective({Collective::Barrier, DType::F32, {}, ReduceOp::None, -1}, nullptr, nullptr, seq,
                [](const std::vector<const void*>&, const std::vector<void*>&) {});
   }
 
   // Sends are eager: the data is copied into the (rank, peer) mailbox and send returns, so a ring
   // where every rank sends before it receives cannot deadlock.
-  void do_send(const Tensor& t, int peer, std::uint64_t seq) override {
+  void do_send(const Tensor& t, int peer, std::uint64_t seq) {
     Message m{seq, t.dtype(), t.shape(), {}};
     const std::size_t bytes = std::size_t(t.numel()) * dtype_size(t.dtype());
     m.data.resize(bytes);
@@ -297,7 +321,7 @@ class ThreadsCommunicator final : public Communicator {
     g.cv.notify_all();
   }
 
-  void do_recv(Tensor& t, int peer, std::uint64_t seq) override {
+  void do_recv(Tensor& t, int peer, std::uint64_t seq) {
     GroupState& g = *state_;
     const int peer_global = ranks()[std::size_t(peer)];
     Message m;
@@ -330,7 +354,6 @@ class ThreadsCommunicator final : public Communicator {
     if (!m.data.empty()) std::memcpy(data_of(t), m.data.data(), m.data.size());
   }
 
- private:
   using Step = std::function<void(const std::vector<const void*>&, const std::vector<void*>&)>;
 
   static void* data_of(const Tensor& t) { return t.raw_data(dtype_size(t.dtype())); }
@@ -434,8 +457,8 @@ class ThreadsCommunicator final : public Communicator {
       for (std::size_t j = 0; j < n; ++j) {
         const Slot& s = g.slots[j];
         if (s.left != seq + 1) continue;
-        throw PeerAborted(fmt::format("rank {} left {} seq {} on group '{}': {}", g.ranks[j], d.op,
-                                      seq, g.name, s.left_error));
+        throw PeerAborted(fmt::format("rank {} left {} seq {} on group '{}': {}", g.ranks[j],
+                                      collective_name(d.op), seq, g.name, s.left_error));
       }
       for (int r : missing) {
         COMMTRACE_CHECK(!world_->finished(r), ErrorCode::InvalidArgument,
@@ -446,7 +469,8 @@ class ThreadsCommunicator final : public Communicator {
       COMMTRACE_CHECK(Clock::now() < deadline, ErrorCode::Aborted,
                       "rank {} timed out after {}s waiting for ranks {} at {} seq {} on group "
                       "'{}'",
-                      global_rank_, world_->timeout_s(), rank_set(missing), d.op, seq, g.name);
+                      global_rank_, world_->timeout_s(), rank_set(missing), collective_name(d.op),
+                      seq, g.name);
       g.cv.wait_for(lock, kWaitSlice);
     }
   }

@@ -201,11 +201,7 @@ Tensor redistribute_local(const Tensor& local, const Shape& global, const Device
     if (s == t) continue;
     Placements next = pl;
     next[std::size_t(d)] = t;
-    std::optional<CollectiveScope> scope;  // the strings are built only when traced
-    if (Tracer::current()) {
-      scope.emplace(
-          CollectiveContext{reason, placements_str(pl), placements_str(next), mesh.str(), global});
-    }
+    const CollectiveScope scope(CollectiveContext{reason, pl, next, &mesh.info(), global});
     Communicator& comm = mesh.comm(d);
     const int w = comm.size();
     if (s.is_shard() && t.is_replicate()) {

@@ -38,7 +38,7 @@ DeviceMesh::DeviceMesh(RankContext& ctx, std::vector<int> shape, std::vector<std
     }
     comms_.push_back(ctx.new_group(names_[std::size_t(d)], ranks));
   }
-  repr_ = make_repr();
+  set_info();
 }
 
 std::shared_ptr<DeviceMesh> DeviceMesh::sub(int dim) const {
@@ -49,7 +49,7 @@ std::shared_ptr<DeviceMesh> DeviceMesh::sub(int dim) const {
   m->rank_ = rank_;
   m->coord_ = {coordinate(dim)};
   m->comms_ = {comms_.at(std::size_t(dim))};
-  m->repr_ = m->make_repr();
+  m->set_info();
   return m;
 }
 
@@ -67,18 +67,9 @@ int DeviceMesh::find_dim(const std::string& name) const {
               fmt::format("mesh has no dim '{}' (dims: {})", name, fmt::join(names_, ", ")));
 }
 
-std::string DeviceMesh::make_repr() const {
-  auto tuple = [](const std::vector<std::string>& v) {
-    return v.size() == 1 ? "(" + v[0] + ",)" : fmt::format("({})", fmt::join(v, ", "));
-  };
-  std::vector<std::string> dims, strides, quoted;
-  for (int s : shape_) dims.push_back(std::to_string(s));
-  strides = ndim() == 2 ? std::vector<std::string>{std::to_string(shape_[1]), "1"}
-                        : std::vector<std::string>{"1"};
-  for (const auto& n : names_) quoted.push_back("'" + n + "'");
-  if (!named_) return fmt::format("DeviceMesh({}, 'cpu', stride={})", tuple(dims), tuple(strides));
-  return fmt::format("DeviceMesh({}, 'cpu', mesh_dim_names={}, stride={})", tuple(dims),
-                     tuple(quoted), tuple(strides));
+void DeviceMesh::set_info() {
+  info_ = MeshInfo{shape_, names_, named_, Device::CPU};
+  repr_ = mesh_str(info_);
 }
 
 std::vector<int> parse_mesh_shape(const std::string& s) {

@@ -31,7 +31,8 @@ class DeviceMesh {
   int rank() const { return rank_; }            // global rank
   int coordinate(int dim) const { return coord_.at(std::size_t(dim)); }
   Communicator& comm(int dim) const { return *comms_.at(std::size_t(dim)); }
-  // PyTorch's repr: "DeviceMesh((4,), 'cpu', stride=(1,))" (computed once).
+  // The mesh as trace data, and PyTorch's repr of it: "DeviceMesh((4,), 'cpu', stride=(1,))".
+  const MeshInfo& info() const { return info_; }
   const std::string& str() const { return repr_; }
 
  private:
@@ -41,9 +42,10 @@ class DeviceMesh {
   int rank_ = 0;
   std::vector<int> coord_;
   std::vector<std::shared_ptr<Communicator>> comms_;
+  MeshInfo info_;
   std::string repr_;
   DeviceMesh() = default;
-  std::string make_repr() const;
+  void set_info();
 };
 
 // Parses "4" or "2x4" into a mesh shape; throws on anything else.

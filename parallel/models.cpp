@@ -4,8 +4,8 @@
 #include <mutex>
 #include <numeric>
 
-#include "parallel/json_text.h"
 #include "parallel/ops.h"
+#include "tracer/json_io.h"
 
 namespace commtrace {
 
@@ -223,62 +223,59 @@ const ModelEntry& find_model(const std::string& name) {
 }
 
 ModelEntry model_from_json_text(const std::string& text, const std::string& source) {
-  using json = nlohmann::ordered_json;
-  const json j = parse_config_json(text, source, "model");
-  COMMTRACE_CHECK(j.contains("base") && j["base"].is_string(), ErrorCode::InvalidArgument,
-                  "{}: \"base\" must name a zoo model", source);
-  ModelEntry e = find_model(j["base"].get<std::string>());
-  e.name = j.value("name", source);
-  const json args = j.value("args", json::object());
-  COMMTRACE_CHECK(args.is_object(), ErrorCode::InvalidArgument, "{}: \"args\" must be an object",
-                  source);
-  auto get_int = [&](const char* key, std::int64_t def, std::int64_t lo) {
-    if (!args.contains(key)) return def;
-    COMMTRACE_CHECK(args[key].is_number_integer() && args[key].get<std::int64_t>() >= lo,
-                    ErrorCode::InvalidArgument, "{}: args.{} must be an integer >= {}", source, key,
-                    lo);
-    return args[key].get<std::int64_t>();
+  JsonReader rd(source);
+  const Json j = rd.parse(text, "a JSON object with \"schema\": \"commtrace.model\"");
+  const JsonPath top;
+  rd.check_header(j, "commtrace.model", {{1, 0}}, "model");
+  rd.check_keys(j, top, {"schema", "version", "name", "base", "args"});
+  ModelEntry e = rd.parse_with(rd.at(j, "base", top), top.key("base"),
+                               [](const std::string& base) { return find_model(base); });
+  const Json* name = rd.find(j, "name");
+  e.name = name ? rd.str(*name, top.key("name")) : source;
+  static const Json kNoArgs = Json::object();
+  const Json* found = rd.find(j, "args");
+  const JsonPath apath = top.key("args");
+  const Json& args = found ? rd.object(*found, apath) : kNoArgs;
+  auto get_int = [&](const char* key, std::int64_t def, std::int64_t hi) {
+    const Json* v = rd.find(args, key);
+    return v ? rd.integer(*v, apath.key(key), 1, hi) : def;
   };
-  auto check_keys = [&](std::initializer_list<const char*> allowed) {
-    for (const auto& [key, value] : args.items()) {
-      bool ok = false;
-      for (const char* a : allowed) ok = ok || key == a;
-      COMMTRACE_CHECK(ok, ErrorCode::InvalidArgument, "{}: unknown arg \"{}\" for base {}", source,
-                      key, e.family);
-    }
-  };
+  // Sizes a model file may ask for; larger ones would overflow element counts.
+  constexpr std::int64_t kMaxDim = std::int64_t(1) << 31;
   if (e.family == "transformer") {
-    check_keys({"n_layers", "vocab_size", "max_seq_len", "dim", "n_heads", "weight_tying", "batch",
-                "seq_len"});
+    rd.check_keys(args, apath,
+                  {"n_layers", "vocab_size", "max_seq_len", "dim", "n_heads", "weight_tying",
+                   "batch", "seq_len"});
     ModelArgs a;
-    a.n_layers = int(get_int("n_layers", a.n_layers, 1));
-    a.vocab_size = get_int("vocab_size", a.vocab_size, 1);
-    a.max_seq_len = get_int("max_seq_len", a.max_seq_len, 1);
-    a.dim = get_int("dim", a.dim, 1);
-    a.n_heads = get_int("n_heads", a.n_heads, 1);
-    if (args.contains("weight_tying")) {
-      COMMTRACE_CHECK(args["weight_tying"].is_boolean(), ErrorCode::InvalidArgument,
-                      "{}: args.weight_tying must be true or false", source);
-      a.weight_tying = args["weight_tying"];
+    a.n_layers = int(get_int("n_layers", a.n_layers, 100000));
+    a.vocab_size = get_int("vocab_size", a.vocab_size, kMaxDim);
+    a.max_seq_len = get_int("max_seq_len", a.max_seq_len, kMaxDim);
+    a.dim = get_int("dim", a.dim, kMaxDim);
+    a.n_heads = get_int("n_heads", a.n_heads, kMaxDim);
+    if (const Json* tying = rd.find(args, "weight_tying")) {
+      a.weight_tying = rd.boolean(*tying, apath.key("weight_tying"));
     }
-    COMMTRACE_CHECK(a.dim % a.n_heads == 0, ErrorCode::InvalidArgument,
-                    "{}: dim {} is not divisible by n_heads {}", source, a.dim, a.n_heads);
-    const std::int64_t seq = get_int("seq_len", 8, 1);
-    COMMTRACE_CHECK(seq <= a.max_seq_len, ErrorCode::InvalidArgument,
-                    "{}: seq_len {} exceeds max_seq_len {}", source, seq, a.max_seq_len);
-    set_transformer(e, a, get_int("batch", 8, 1), seq);
+    if (a.dim % a.n_heads != 0) {
+      rd.fail(apath, fmt::format("dim {} is not divisible by n_heads {}", a.dim, a.n_heads));
+    }
+    const std::int64_t seq = get_int("seq_len", 8, kMaxDim);
+    if (seq > a.max_seq_len) {
+      rd.fail(apath.key("seq_len"),
+              fmt::format("seq_len {} exceeds max_seq_len {}", seq, a.max_seq_len));
+    }
+    set_transformer(e, a, get_int("batch", 8, kMaxDim), seq);
     e.description = fmt::format("Transformer: {} layers, vocab {}, dim {}, {} heads ({})",
                                 a.n_layers, a.vocab_size, a.dim, a.n_heads, source);
   } else if (e.family == "mlp-stacked") {
-    check_keys({"n_layers"});
-    const int layers = int(get_int("n_layers", 2, 1));
+    rd.check_keys(args, apath, {"n_layers"});
+    const int layers = int(get_int("n_layers", 2, 100000));
     e.build = [layers](std::uint64_t seed, const ModuleOptions& o) {
       Generator gen(seed);
       return std::shared_ptr<Module>(std::make_shared<MLPStacked>(layers, gen, o));
     };
     e.description = fmt::format("MLPStacked: {} layers ({})", layers, source);
   } else {
-    check_keys({});
+    rd.check_keys(args, apath, {});
   }
   return e;
 }
@@ -294,7 +291,7 @@ const ModelEntry& resolve_model(const std::string& name_or_file) {
   auto& slot = loaded[name_or_file];
   if (!slot) {
     slot = std::make_unique<ModelEntry>(
-        model_from_json_text(read_config_file(name_or_file, "model"), name_or_file));
+        model_from_json_text(read_text_file(name_or_file, "model file"), name_or_file));
   }
   return *slot;
 }

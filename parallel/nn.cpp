@@ -12,14 +12,12 @@ namespace commtrace {
 Tensor Module::operator()(const Tensor& input) {
   ModuleScope scope(fqn_, type_);
   // Parameter placements are recorded on the module's first call under this tracer.
-  if (scope.module() >= 0 && !params_.empty() &&
-      Tracer::current()->trace().modules[std::size_t(scope.module())].params.empty()) {
-    std::vector<ParamInfo> infos;
+  if (scope.module() >= 0 && !params_.empty() && !Tracer::current()->has_params(scope.module())) {
+    std::vector<std::pair<std::string, std::vector<Placement>>> infos;
     for (const auto& [name, p] : params_) {
-      infos.push_back(
-          ParamInfo{name, is_dtensor(p) ? placements_str(dist_of(p).placements) : std::string()});
+      infos.emplace_back(name, is_dtensor(p) ? dist_of(p).placements : std::vector<Placement>());
     }
-    Tracer::current()->set_params(scope.module(), std::move(infos));
+    Tracer::current()->set_params(scope.module(), infos);
   }
   Tensor x = input;
   for (const PreHook& h : pre_hooks_) x = h(*this, x);

@@ -1,6 +1,5 @@
 #include "parallel/ops.h"
 
-#include <chrono>
 #include <cmath>
 #include <optional>
 #include <tuple>
@@ -189,8 +188,7 @@ Tensor dispatch(const OpDef& op, const std::vector<Tensor>& inputs, const Comput
     has_bf16 = has_bf16 || t.dtype() == DType::BF16;
   }
   Tracer* tracer = Tracer::current();
-  const auto start =
-      tracer ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  const std::uint64_t start = tracer ? tracer->now() : 0;
 
   Tensor out;
   if (has_bf16 && op.widen_bf16) {
@@ -210,11 +208,16 @@ Tensor dispatch(const OpDef& op, const std::vector<Tensor>& inputs, const Comput
     out.impl()->origin = first->impl()->origin;
   }
   if (tracer) {
-    OpRecord r = op_record(op, inputs, transposed);
-    if (!first) r.dtype = out.dtype();
-    r.outputs.push_back(TensorMeta{out.shape(), out.shape(), {}});
-    r.time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    tracer->record(std::move(r));
+    const RecordedArgs args(inputs, transposed);
+    const ArgView result{out.shape(), {}, {}};
+    EventView e;
+    e.kind = op.kind;
+    e.name = op.name;
+    e.overload = op.overload;
+    e.dtype = first ? args.first_dtype() : out.dtype();
+    e.inputs = args.views();
+    e.outputs = {&result, 1};
+    tracer->record(e, start);
   }
   return out;
 }

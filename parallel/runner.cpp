@@ -105,10 +105,13 @@ void sync_data_parallel_grads(RankState& s) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
     Tensor local = is_dtensor(g) ? dist_of(g).local : g;
-    CollectiveScope scope(CollectiveContext{
-        fmt::format("DDP gradient of {} over '{}'", name, s.mesh->dim_name(0)),
-        is_dtensor(g) ? placements_str(dist_of(g).placements) : "",
-        is_dtensor(g) ? placements_str(dist_of(g).placements) : "", s.mesh->str(), g.shape()});
+    const std::string reason =
+        Tracer::current() ? fmt::format("DDP gradient of {} over '{}'", name, s.mesh->dim_name(0))
+                          : std::string();
+    const std::span<const Placement> pl = is_dtensor(g)
+                                              ? std::span<const Placement>(dist_of(g).placements)
+                                              : std::span<const Placement>();
+    const CollectiveScope scope(CollectiveContext{reason, pl, pl, &s.mesh->info(), g.shape()});
     s.dp->all_reduce(local, ReduceOp::Avg);
   }
 }
@@ -170,6 +173,7 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
             opt.step();
             loss = step.loss;
           }
+          tr.next_iteration();
           if (cfg.module.device == Device::CPU && cfg.backend == "threads") {
             NoGradGuard ng;  // the loss readout (an all_reduce when Partial) is not traced
             mine.push_back((is_dtensor(loss) ? full_tensor(loss) : loss).item());

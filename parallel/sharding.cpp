@@ -28,40 +28,42 @@ Placement map_to_input(const Placement& out, int out_rank, const Shape& out_shap
 
 }  // namespace
 
-namespace {
-TensorMeta recorded_meta(const Tensor& t, bool transposed) {
-  auto swap_last = [&](Shape s) {
-    if (transposed && s.size() >= 2) std::swap(s[s.size() - 2], s[s.size() - 1]);
-    return s;
-  };
-  if (!is_dtensor(t)) {
-    const Shape s = swap_last(t.shape());
-    return TensorMeta{s, s, {}};
-  }
-  const DistSpec& d = dist_of(t);
-  Placements pl = d.placements;
-  const int last = t.dim() - 1;
-  for (Placement& p : pl) {
-    if (transposed && p.is_shard() && p.dim >= last - 1) p.dim = p.dim == last ? last - 1 : last;
-  }
-  return TensorMeta{swap_last(d.local.shape()), swap_last(t.shape()), placements_str(pl)};
-}
-}  // namespace
-
-OpRecord op_record(const detail::OpDef& op, const std::vector<Tensor>& inputs,
-                   const detail::Transposed& transposed) {
-  OpRecord r;
-  r.kind = op.kind;
-  r.name = op.name;
-  r.overload = op.overload;
-  r.inputs.reserve(inputs.size());
+RecordedArgs::RecordedArgs(const std::vector<Tensor>& inputs,
+                           const detail::Transposed& transposed) {
+  views_.reserve(inputs.size());
   std::size_t k = 0;
+  bool first = true;
   for (const Tensor& t : inputs) {
     if (!t.defined()) continue;
-    if (r.inputs.empty()) r.dtype = t.dtype();
-    r.inputs.push_back(recorded_meta(t, !transposed.empty() && transposed[k++]));
+    if (first) first_dtype_ = t.dtype();
+    first = false;
+    const bool trans = !transposed.empty() && transposed[k++] && t.dim() >= 2;
+    const DistSpec* d = is_dtensor(t) ? &dist_of(t) : nullptr;
+    if (!trans) {
+      views_.push_back(d ? ArgView{d->local.shape(), t.shape(), d->placements}
+                         : ArgView{t.shape(), {}, {}});
+      continue;
+    }
+    auto swap_last = [](Shape s) {
+      std::swap(s[s.size() - 2], s[s.size() - 1]);
+      return s;
+    };
+    Swapped& sw = swapped_.emplace_back();
+    sw.shape = swap_last(d ? d->local.shape() : t.shape());
+    sw.global = swap_last(t.shape());
+    if (d) {
+      const int last = t.dim() - 1;
+      sw.placements = d->placements;
+      for (Placement& p : sw.placements) {
+        if (p.is_shard() && p.dim >= last - 1) p.dim = p.dim == last ? last - 1 : last;
+      }
+    }
+    views_.push_back(ArgView{sw.shape, sw.global, sw.placements});
   }
-  return r;
+}
+
+ArgView result_view(const Tensor& local, const Shape& global, const Placements& placements) {
+  return ArgView{local.shape(), global, placements};
 }
 
 Tensor wrap_like(const Tensor& aux_local, const Tensor& like, const Shape& global,
@@ -294,13 +296,18 @@ Tensor dispatch_dtensor(const OpDef& op, const std::vector<Tensor>& inputs, cons
   }
 
   Tracer* tracer = Tracer::current();
-  std::size_t record_at = 0;
+  std::uint32_t record_at = 0;
   if (tracer) {
-    OpRecord rec = op_record(op, inputs, transposed);
-    rec.sharded = true;
-    rec.mesh = mesh->str();
-    tracer->record(std::move(rec));
-    record_at = tracer->trace().records.size() - 1;
+    const RecordedArgs args(inputs, transposed);
+    EventView e;
+    e.kind = op.kind;
+    e.name = op.name;
+    e.overload = op.overload;
+    e.dtype = args.first_dtype();
+    e.sharded = true;
+    e.mesh = &mesh->info();
+    e.inputs = args.views();
+    record_at = tracer->begin(e);
   }
 
   std::vector<Tensor> locals, metas;
@@ -313,7 +320,7 @@ Tensor dispatch_dtensor(const OpDef& op, const std::vector<Tensor>& inputs, cons
     }
     const DistSpec& spec = dist_of(t);
     locals.push_back(redistribute_local(spec.local, t.shape(), *mesh, spec.placements, targets[i],
-                                        fmt::format("{} input {}", op.name, i)));
+                                        tracer ? fmt::format("{} input {}", op.name, i) : ""));
     metas.push_back(Tensor::empty(t.shape(), t.dtype(), Device::Meta));
   }
   const Shape global = compute(metas).shape();
@@ -328,8 +335,8 @@ Tensor dispatch_dtensor(const OpDef& op, const std::vector<Tensor>& inputs, cons
   }
   Tensor out = wrap_dtensor(local, mesh, out_pl, global);
   if (tracer) {
-    tracer->trace().records[record_at].outputs.push_back(
-        TensorMeta{local.shape(), global, placements_str(out_pl)});
+    const ArgView result = result_view(local, global, out_pl);
+    tracer->add_outputs(record_at, {&result, 1});
   }
   return out;
 }

@@ -6,12 +6,15 @@
 // expanded over the mesh (the Cartesian product), as DTensor's single-dim strategies are.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "parallel/dtensor.h"
 #include "parallel/ops.h"
+#include "tracer/tracer.h"
 
 namespace commtrace {
 
@@ -64,11 +67,28 @@ ShardingRule expand_rule(int added_dims);
 // Everything Replicate (the safe default).
 ShardingRule replicate_rule();
 
-// The record of an op on these inputs (kind, names, dtype of the first input, every defined
-// input as the tracer sees it: local and global shape, placements; last two dims swapped where
-// `transposed` says). Outputs, phase and module are filled in later.
-OpRecord op_record(const detail::OpDef& op, const std::vector<Tensor>& inputs,
-                   const detail::Transposed& transposed);
+// The tracer's view of an op's defined inputs: local and global shape and placements, with the
+// last two dims swapped where `transposed` says (a GEMM records op(b) = bᵀ, its shape and its
+// placements, as PyTorch records the transposed operand). Views point into the tensors, which
+// must outlive it; only transposed operands are copied.
+class RecordedArgs {
+ public:
+  RecordedArgs(const std::vector<Tensor>& inputs, const detail::Transposed& transposed);
+  std::span<const ArgView> views() const { return views_; }
+  DType first_dtype() const { return first_dtype_; }  // of the first defined input; f32 if none
+
+ private:
+  struct Swapped {
+    Shape shape, global;
+    Placements placements;
+  };
+  std::vector<ArgView> views_;
+  std::deque<Swapped> swapped_;  // a deque: views point into its elements
+  DType first_dtype_ = DType::F32;
+};
+
+// The tracer's view of a result.
+ArgView result_view(const Tensor& local, const Shape& global, const Placements& placements);
 
 // Wraps an auxiliary local result of an op (a saved mean, a dropout mask) as a DTensor beside
 // the op's DTensor output; a plain `like` leaves it plain.

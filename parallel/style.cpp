@@ -1,11 +1,10 @@
 #include "parallel/style.h"
 
 #include <map>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "parallel/json_text.h"
 #include "parallel/models.h"
+#include "tracer/json_io.h"
 
 namespace commtrace {
 
@@ -272,43 +271,33 @@ void parallelize_module(Module& model, const std::shared_ptr<const DeviceMesh>& 
 
 namespace {
 
-using json = nlohmann::ordered_json;
-
-Placement layout_of(const json& v, const std::string& where) {
-  const json& one = v.is_array() ? (v.size() == 1 ? v[0] : json()) : v;
-  COMMTRACE_CHECK(one.is_string(), ErrorCode::InvalidArgument,
-                  "{}: expected a placement string like \"Shard(0)\" (or a list of one)", where);
-  try {
-    return parse_placement(one.get<std::string>());
-  } catch (const Error& e) {
-    throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", where, e.what()));
+// A placement string ("Shard(0)"), or a list of one.
+Placement layout_of(const JsonReader& rd, const Json& v, const JsonPath& where) {
+  if (v.is_array()) {
+    if (v.size() != 1)
+      rd.fail(where, "expected a placement string like \"Shard(0)\" (or a list of one)");
+    return layout_of(rd, v[0], where.index(0));
   }
+  if (!v.is_string()) {
+    rd.fail(where, "expected a placement string like \"Shard(0)\" (or a list of one)");
+  }
+  return rd.parse_with(v, where, [](const std::string& s) { return parse_placement(s); });
 }
 
-std::shared_ptr<ParallelStyle> style_from_json(const json& j, const std::string& where) {
-  COMMTRACE_CHECK(j.is_object() && j.contains("style") && j["style"].is_string(),
-                  ErrorCode::InvalidArgument, "{}: expected an object with a \"style\" string",
-                  where);
-  const std::string kind = j["style"];
+std::shared_ptr<ParallelStyle> style_from_json(const JsonReader& rd, const Json& j,
+                                               const JsonPath& where) {
+  rd.object(j, where);
+  const std::string kind = rd.str(rd.at(j, "style", where), where.key("style"));
   auto get_bool = [&](const char* key, bool def) {
-    if (!j.contains(key)) return def;
-    COMMTRACE_CHECK(j[key].is_boolean(), ErrorCode::InvalidArgument, "{}.{}: expected true/false",
-                    where, key);
-    return j[key].get<bool>();
+    const Json* v = rd.find(j, key);
+    return v ? rd.boolean(*v, where.key(key)) : def;
   };
   auto get_layout = [&](const char* key, Placement def) {
-    return j.contains(key) ? layout_of(j[key], where + "." + key) : def;
-  };
-  auto check_keys = [&](std::initializer_list<const char*> allowed) {
-    for (const auto& [key, value] : j.items()) {
-      bool ok = key == "style";
-      for (const char* a : allowed) ok = ok || key == a;
-      COMMTRACE_CHECK(ok, ErrorCode::InvalidArgument, "{}: unknown key \"{}\" for {}", where, key,
-                      kind);
-    }
+    const Json* v = rd.find(j, key);
+    return v ? layout_of(rd, *v, where.key(key)) : def;
   };
   if (kind == "ColwiseParallel" || kind == "RowwiseParallel") {
-    check_keys({"input_layouts", "output_layouts", "use_local_output"});
+    rd.check_keys(j, where, {"style", "input_layouts", "output_layouts", "use_local_output"});
     if (kind == "ColwiseParallel") {
       auto s = std::make_shared<ColwiseParallel>();
       s->input_layout = get_layout("input_layouts", s->input_layout);
@@ -323,18 +312,17 @@ std::shared_ptr<ParallelStyle> style_from_json(const json& j, const std::string&
     return s;
   }
   if (kind == "SequenceParallel") {
-    check_keys({"sequence_dim", "use_local_output"});
+    rd.check_keys(j, where, {"style", "sequence_dim", "use_local_output"});
     auto s = std::make_shared<SequenceParallel>();
-    if (j.contains("sequence_dim")) {
-      COMMTRACE_CHECK(j["sequence_dim"].is_number_integer(), ErrorCode::InvalidArgument,
-                      "{}.sequence_dim: expected an integer", where);
-      s->sequence_dim = j["sequence_dim"];
+    if (const Json* d = rd.find(j, "sequence_dim")) {
+      s->sequence_dim = rd.int32(*d, where.key("sequence_dim"), -64, 63);
     }
     s->use_local_output = get_bool("use_local_output", false);
     return s;
   }
   if (kind == "PrepareModuleInput") {
-    check_keys({"input_layouts", "desired_input_layouts", "use_local_output"});
+    rd.check_keys(j, where,
+                  {"style", "input_layouts", "desired_input_layouts", "use_local_output"});
     auto s = std::make_shared<PrepareModuleInput>();
     s->input_layout = get_layout("input_layouts", s->input_layout);
     s->desired_input_layout = get_layout("desired_input_layouts", s->desired_input_layout);
@@ -342,46 +330,48 @@ std::shared_ptr<ParallelStyle> style_from_json(const json& j, const std::string&
     return s;
   }
   if (kind == "PrepareModuleOutput") {
-    check_keys({"output_layouts", "desired_output_layouts", "use_local_output"});
+    rd.check_keys(j, where,
+                  {"style", "output_layouts", "desired_output_layouts", "use_local_output"});
     auto s = std::make_shared<PrepareModuleOutput>();
     s->output_layout = get_layout("output_layouts", s->output_layout);
     s->desired_output_layout = get_layout("desired_output_layouts", s->desired_output_layout);
     s->use_local_output = get_bool("use_local_output", true);
     return s;
   }
-  throw Error(ErrorCode::InvalidArgument,
-              fmt::format("{}: unknown style \"{}\" (ColwiseParallel, RowwiseParallel, "
-                          "SequenceParallel, PrepareModuleInput, PrepareModuleOutput)",
-                          where, kind));
+  rd.fail(where.key("style"),
+          fmt::format("unknown style \"{}\" (ColwiseParallel, RowwiseParallel, SequenceParallel, "
+                      "PrepareModuleInput, PrepareModuleOutput)",
+                      kind));
 }
 
 }  // namespace
 
 Plan plan_from_json_text(const std::string& text, const std::string& source) {
-  const json j = parse_config_json(text, source, "plan");
-  COMMTRACE_CHECK(j.contains("plan") && j["plan"].is_object() && !j["plan"].empty(),
-                  ErrorCode::InvalidArgument, "{}: \"plan\" must be a non-empty object", source);
+  JsonReader rd(source);
+  const Json j = rd.parse(text, "a JSON object with \"schema\": \"commtrace.plan\"");
+  const JsonPath top;
+  rd.check_header(j, "commtrace.plan", {{1, 0}}, "plan");
+  rd.check_keys(j, top, {"schema", "version", "name", "plan", "model_input", "model_output"});
   Plan plan;
-  plan.name = j.value("name", source);
-  if (j.contains("model_input")) {
-    plan.model_input = layout_of(j["model_input"], source + ".model_input");
+  const Json* name = rd.find(j, "name");
+  plan.name = name ? rd.str(*name, top.key("name")) : source;
+  if (const Json* v = rd.find(j, "model_input")) {
+    plan.model_input = layout_of(rd, *v, top.key("model_input"));
   }
-  if (j.contains("model_output")) {
-    plan.model_output = layout_of(j["model_output"], source + ".model_output");
+  if (const Json* v = rd.find(j, "model_output")) {
+    plan.model_output = layout_of(rd, *v, top.key("model_output"));
   }
-  for (const auto& [key, value] : j.items()) {
-    COMMTRACE_CHECK(key == "schema" || key == "version" || key == "name" || key == "plan" ||
-                        key == "model_input" || key == "model_output",
-                    ErrorCode::InvalidArgument, "{}: unknown key \"{}\"", source, key);
-  }
-  for (const auto& [pattern, style] : j["plan"].items()) {
-    plan.styles.emplace_back(pattern, style_from_json(style, source + ": plan." + pattern));
+  const JsonPath ppath = top.key("plan");
+  const Json& styles = rd.object(rd.at(j, "plan", top), ppath);
+  if (styles.empty()) rd.fail(ppath, "no styles (a plan maps module patterns to styles)");
+  for (const auto& [pattern, style] : styles.items()) {
+    plan.styles.emplace_back(pattern, style_from_json(rd, style, ppath.key(pattern.c_str())));
   }
   return plan;
 }
 
 Plan load_plan_file(const std::string& path) {
-  return plan_from_json_text(read_config_file(path, "plan"), path);
+  return plan_from_json_text(read_text_file(path, "plan file"), path);
 }
 
 std::vector<std::string> builtin_plan_names(const std::string& model) {

@@ -1,8 +1,10 @@
 // CI baselines: a small, readable JSON of expected collective counts per phase (totals) and per
 // module and phase, with the model and plan it was made for ("schema": "commtrace.baseline",
 // "version": "1.0"). check compares a trace with it; --expect adds ad-hoc phase.op=N checks.
+// Results are data (one Mismatch per differing count); Mismatch::str() renders one line.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,9 +14,20 @@ namespace commtrace {
 
 std::string make_baseline(const Trace& t);
 
+struct Mismatch {
+  std::string module;       // the module's FQN; "" for the totals (Global)
+  bool world_size = false;  // the run's world size rather than a count
+  Phase phase = Phase::Forward;
+  Collective op = Collective::AllReduce;
+  std::int64_t expected = 0, got = 0;
+  bool module_missing = false;  // the trace has no such module
+  // "backward.all_gather: expected 1, got 2", "M.a.forward.all_reduce: ...", "world_size: ..."
+  std::string str() const;
+};
+
 struct CheckResult {
   bool ok = true;
-  std::vector<std::string> differences;  // "backward.all_gather: expected 1, got 2"
+  std::vector<Mismatch> differences;
 };
 
 // Throws Error(InvalidArgument) on a malformed baseline, a wrong schema or major version, or a

@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <span>
+
+#include "tracer/collectives.h"
 
 namespace commtrace {
 
@@ -14,46 +17,54 @@ namespace {
 
 constexpr std::size_t kMaxPerGroup = 5;
 
-using Calls = std::vector<const OpRecord*>;
+// One collective as compared across ranks (the expanded sequence: repeats unrolled).
+struct Call {
+  Collective op;
+  std::uint64_t seq;
+  DType dtype;
+  std::span<const std::int64_t> global;  // of the first input
+  ReduceOp reduce;
+  int group_size;
+};
+using Calls = std::vector<Call>;
 
 // group -> its collectives by sequence number; groups in first-call order.
 std::vector<std::pair<std::string, Calls>> by_group(const Trace& t) {
   std::vector<std::pair<std::string, Calls>> groups;
   std::map<std::string, std::size_t> slot;
-  for (const OpRecord& r : t.records) {
-    if (r.kind != EventKind::Collective) continue;
-    auto [it, inserted] = slot.emplace(r.collective.group, groups.size());
-    if (inserted) groups.push_back({r.collective.group, {}});
-    groups[it->second].second.push_back(&r);
-  }
+  t.for_each_event([&](const Record& r, std::uint64_t seq) {
+    if (r.kind != EventKind::Collective) return;
+    const std::string group(t.str(r.collective.group));
+    auto [it, inserted] = slot.emplace(group, groups.size());
+    if (inserted) groups.push_back({group, {}});
+    const auto ins = t.inputs(r);
+    groups[it->second].second.push_back(
+        Call{r.collective.op, seq, r.dtype,
+             ins.empty() ? std::span<const std::int64_t>() : t.shape(ins[0].global_shape),
+             r.collective.reduce_op, r.collective.group_size});
+  });
   for (auto& [g, calls] : groups) {
-    std::stable_sort(calls.begin(), calls.end(), [](const OpRecord* a, const OpRecord* b) {
-      return a->collective.seq < b->collective.seq;
-    });
+    std::stable_sort(calls.begin(), calls.end(),
+                     [](const Call& a, const Call& b) { return a.seq < b.seq; });
   }
   return groups;
 }
 
-const Shape& global_shape0(const OpRecord& r) {
-  static const Shape kNone;
-  return r.inputs.empty() ? kNone : r.inputs[0].global_shape;
-}
-
 // "all_reduce f32[8, 10] sum" (+ " group size 2" when asked).
-std::string describe(const OpRecord& r, bool with_seq, bool with_size) {
-  std::string s = r.name;
-  if (with_seq) s = fmt::format("seq {} {}", r.collective.seq, s);
-  s += fmt::format(" {}{}", dtype_name(r.dtype), shape_str(global_shape0(r)));
-  const std::string op = reduce_op_name(r.collective.reduce_op);
+std::string describe(const Call& c, bool with_seq, bool with_size) {
+  std::string s = collective_name(c.op);
+  if (with_seq) s = fmt::format("seq {} {}", c.seq, s);
+  s += fmt::format(" {}{}", dtype_name(c.dtype), shape_str(c.global));
+  const std::string op = reduce_op_name(c.reduce);
   if (!op.empty()) s += " " + op;
-  if (with_size) s += fmt::format(" group size {}", r.collective.group_size);
+  if (with_size) s += fmt::format(" group size {}", c.group_size);
   return s;
 }
 
-bool same_call(const OpRecord& a, const OpRecord& b) {
-  return a.name == b.name && a.collective.seq == b.collective.seq && a.dtype == b.dtype &&
-         global_shape0(a) == global_shape0(b) && a.collective.reduce_op == b.collective.reduce_op &&
-         a.collective.group_size == b.collective.group_size;
+bool same_call(const Call& a, const Call& b) {
+  return a.op == b.op && a.seq == b.seq && a.dtype == b.dtype &&
+         std::equal(a.global.begin(), a.global.end(), b.global.begin(), b.global.end()) &&
+         a.reduce == b.reduce && a.group_size == b.group_size;
 }
 
 void compare_group(const std::string& group, int rank_a, const Calls& a, int rank_b, const Calls& b,
@@ -61,18 +72,18 @@ void compare_group(const std::string& group, int rank_a, const Calls& a, int ran
   std::size_t reported = 0, more = 0;
   const std::size_t n = std::min(a.size(), b.size());
   for (std::size_t i = 0; i < n; ++i) {
-    const OpRecord& x = *a[i];
-    const OpRecord& y = *b[i];
+    const Call& x = a[i];
+    const Call& y = b[i];
     if (same_call(x, y)) continue;
     if (reported == kMaxPerGroup) {
       ++more;
       continue;
     }
     ++reported;
-    const bool seq_differs = x.collective.seq != y.collective.seq;
-    const bool size_differs = x.collective.group_size != y.collective.group_size;
+    const bool seq_differs = x.seq != y.seq;
+    const bool size_differs = x.group_size != y.group_size;
     const std::string where =
-        seq_differs ? fmt::format("call {}", i) : fmt::format("seq {}", x.collective.seq);
+        seq_differs ? fmt::format("call {}", i) : fmt::format("seq {}", x.seq);
     out.push_back(fmt::format("group '{}' {}: rank {} {}, rank {} {}", group, where, rank_a,
                               describe(x, seq_differs, size_differs), rank_b,
                               describe(y, seq_differs, size_differs)));
@@ -83,7 +94,7 @@ void compare_group(const std::string& group, int rank_a, const Calls& a, int ran
   }
   if (a.size() != b.size()) {
     const bool a_more = a.size() > b.size();
-    const OpRecord& first_extra = *(a_more ? a : b)[n];
+    const Call& first_extra = (a_more ? a : b)[n];
     out.push_back(fmt::format(
         "group '{}': rank {} issued {} collectives, rank {} issued {} (first extra on rank {}: "
         "{})",

@@ -1,14 +1,38 @@
-// Collective counts per module and phase, rolled up over descendants (DESIGN §1). Records name
-// collectives canonically or by PyTorch key; both count under the canonical name. Unknown names
-// are kept as they are rather than dropped, so a diff still shows them.
 #include "report/counts.h"
 
 #include <charconv>
 #include <utility>
 
-#include "tracer/collectives.h"
-
 namespace commtrace {
+
+OpStat ModuleCounts::op(Phase p, Collective c) const {
+  OpStat s;
+  for (const GroupStat& g : phases[std::size_t(p)]) {
+    if (g.op != c) continue;
+    s.count += g.stat.count;
+    s.bytes += g.stat.bytes;
+  }
+  return s;
+}
+
+std::vector<Collective> ModuleCounts::ops(Phase p) const {
+  std::vector<Collective> out;
+  for (const GroupStat& g : phases[std::size_t(p)]) {
+    bool seen = false;
+    for (Collective c : out) seen = seen || c == g.op;
+    if (!seen) out.push_back(g.op);
+  }
+  return out;
+}
+
+bool ModuleCounts::empty() const {
+  for (const auto& p : phases) {
+    for (const GroupStat& g : p) {
+      if (g.stat.count != 0 || g.stat.bytes != 0) return false;
+    }
+  }
+  return true;
+}
 
 const ModuleCounts* CountTree::find(const std::string& fqn) const {
   for (const ModuleCounts& m : modules) {
@@ -17,59 +41,70 @@ const ModuleCounts* CountTree::find(const std::string& fqn) const {
   return nullptr;
 }
 
-namespace {
-
-std::string count_name(const std::string& name) {
-  const CollectiveSpec* spec = find_collective(name);
-  return spec ? spec->name : name;
-}
-
-}  // namespace
-
-CountTree collective_counts(const Trace& t) {
-  CountTree tree;
-  const auto fmt_it = t.metadata.find("format");
-  tree.has_bytes = fmt_it == t.metadata.end() || fmt_it->second != "torch";
+std::vector<std::pair<int, int>> module_preorder(const Trace& t) {
   const int n = int(t.modules.size());
-  if (n == 0) return tree;
-
-  // Preorder from Global; `slot` maps a module index to its position in tree.modules. The
-  // visited check keeps a malformed tree (a cycle, a shared child) from looping.
-  std::vector<int> slot(std::size_t(n), -1);
-  std::vector<std::pair<int, int>> stack{{0, 0}};  // (module, depth)
-  while (!stack.empty()) {
+  std::vector<std::pair<int, int>> order;
+  std::vector<char> seen(std::size_t(n), 0);
+  // The seen check keeps a malformed tree (a cycle, a shared child) from looping.
+  std::vector<std::pair<int, int>> stack{{0, 0}};
+  while (!stack.empty() && n > 0) {
     const auto [m, depth] = stack.back();
     stack.pop_back();
-    if (m < 0 || m >= n || slot[std::size_t(m)] >= 0) continue;
-    slot[std::size_t(m)] = int(tree.modules.size());
-    tree.modules.push_back(ModuleCounts{t.modules[std::size_t(m)].fqn, depth, {}});
+    if (m < 0 || m >= n || seen[std::size_t(m)]) continue;
+    seen[std::size_t(m)] = 1;
+    order.emplace_back(m, depth);
     const std::vector<int>& children = t.modules[std::size_t(m)].children;
     for (auto it = children.rbegin(); it != children.rend(); ++it)
       stack.push_back({*it, depth + 1});
   }
-  // Modules not reachable from Global (not produced by our tracer) still get a row.
   for (int m = 0; m < n; ++m) {
-    if (slot[std::size_t(m)] >= 0) continue;
-    slot[std::size_t(m)] = int(tree.modules.size());
-    tree.modules.push_back(
-        ModuleCounts{t.modules[std::size_t(m)].fqn, t.modules[std::size_t(m)].depth, {}});
+    if (!seen[std::size_t(m)]) order.emplace_back(m, t.modules[std::size_t(m)].depth);
   }
+  return order;
+}
 
-  for (const OpRecord& r : t.records) {
-    if (r.kind != EventKind::Collective) continue;
-    const int phase = int(r.phase);
-    if (phase < 0 || phase >= 4 || r.module < 0 || r.module >= n) continue;
-    const std::string name = count_name(r.name);
+bool is_torch_dump(const Trace& t) { return metadata_of(t, "format") == "torch"; }
+
+std::string metadata_of(const Trace& t, const char* key) {
+  const auto it = t.metadata.find(key);
+  return it == t.metadata.end() ? "" : it->second;
+}
+
+CountTree collective_counts(const Trace& t) {
+  CountTree tree;
+  tree.has_bytes = !is_torch_dump(t);
+  const int n = int(t.modules.size());
+  std::vector<int> slot(std::size_t(n), -1);
+  for (const auto& [m, depth] : module_preorder(t)) {
+    slot[std::size_t(m)] = int(tree.modules.size());
+    tree.modules.push_back(ModuleCounts{t.modules[std::size_t(m)].fqn, depth, {}});
+  }
+  t.for_each_record([&](const Record& r, std::uint32_t repeat) {
+    if (r.kind != EventKind::Collective || std::size_t(r.phase) >= std::size_t(kPhaseCount)) {
+      return;
+    }
+    const std::string_view group = t.str(r.collective.group);
     // Walk to the root; at most n steps even if parent links loop.
-    int m = r.module;
+    int m = int(r.module);
     for (int steps = 0; m >= 0 && m < n && steps <= n; ++steps) {
-      OpStat& s = tree.modules[std::size_t(slot[std::size_t(m)])].phases[std::size_t(phase)][name];
-      ++s.count;
-      s.bytes += r.collective.bytes;
+      auto& list = tree.modules[std::size_t(slot[std::size_t(m)])].phases[std::size_t(r.phase)];
+      GroupStat* g = nullptr;
+      for (GroupStat& x : list) {
+        if (x.op == r.collective.op && x.group_size == r.collective.group_size &&
+            x.group == group) {
+          g = &x;
+        }
+      }
+      if (!g) {
+        g = &list.emplace_back(
+            GroupStat{r.collective.op, std::string(group), r.collective.group_size, {}});
+      }
+      g->stat.count += repeat;
+      g->stat.bytes += r.collective.bytes * repeat;
       if (m == 0) break;
       m = t.modules[std::size_t(m)].parent;
     }
-  }
+  });
   return tree;
 }
 
@@ -91,14 +126,15 @@ CountTree collective_counts_per_iteration(const Trace& t) {
   if (iters == 1) return tree;
   for (ModuleCounts& m : tree.modules) {
     for (std::size_t p = 0; p < m.phases.size(); ++p) {
-      for (auto& [name, s] : m.phases[p]) {
-        COMMTRACE_CHECK(s.count % iters == 0 && s.bytes % std::uint64_t(iters) == 0,
+      for (GroupStat& g : m.phases[p]) {
+        COMMTRACE_CHECK(g.stat.count % iters == 0 && g.stat.bytes % std::uint64_t(iters) == 0,
                         ErrorCode::InvalidArgument,
                         "{} {} {}: {} calls ({} bytes) over {} iterations is not a whole number "
                         "per iteration",
-                        m.fqn, phase_name(Phase(p)), name, s.count, s.bytes, iters);
-        s.count /= iters;
-        s.bytes /= std::uint64_t(iters);
+                        m.fqn, phase_name(Phase(p)), collective_name(g.op), g.stat.count,
+                        g.stat.bytes, iters);
+        g.stat.count /= iters;
+        g.stat.bytes /= std::uint64_t(iters);
       }
     }
   }

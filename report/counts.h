@@ -1,11 +1,11 @@
-// Collective counts per module and phase, rolled up as CommDebugMode does (a module's counts
-// include its descendants'; Global holds the total). The common ground of diff and check: it
-// is built the same way from our traces and from PyTorch's dumps.
+// The one roll-up of every report: collective counts and bytes per module and phase, a module's
+// counts including its descendants' (CommDebugMode's convention; Global holds the total),
+// repeated blocks counted with their repeats. Kept per (collective, group) in order of first
+// occurrence, so each report can order and merge as it shows them.
 #pragma once
 
 #include <array>
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -14,19 +14,32 @@
 namespace commtrace {
 
 struct OpStat {
-  int count = 0;
+  std::int64_t count = 0;
   std::uint64_t bytes = 0;
 };
-using PhaseCounts = std::map<std::string, OpStat>;  // canonical collective name -> stat
+
+// One collective on one group (the group's name and size; "" and 0 from PyTorch dumps).
+struct GroupStat {
+  Collective op = Collective::AllReduce;
+  std::string group;
+  int group_size = 0;
+  OpStat stat;
+};
 
 struct ModuleCounts {
   std::string fqn;
   int depth = 0;
-  std::array<PhaseCounts, 4> phases;  // indexed by Phase
+  std::array<std::vector<GroupStat>, kPhaseCount> phases;  // first-occurrence order
+
+  // Summed over groups; zero when absent.
+  OpStat op(Phase p, Collective c) const;
+  // The collectives of a phase in order of first occurrence.
+  std::vector<Collective> ops(Phase p) const;
+  bool empty() const;
 };
 
 struct CountTree {
-  std::vector<ModuleCounts> modules;  // preorder, Global first
+  std::vector<ModuleCounts> modules;  // preorder from Global (children in call order)
   bool has_bytes = true;              // false for PyTorch dumps (no bytes)
   const ModuleCounts* find(const std::string& fqn) const;
 };
@@ -39,5 +52,11 @@ int trace_iterations(const Trace& t);
 // collective_counts divided by trace_iterations. Throws InvalidArgument naming the module,
 // phase and collective when a count or byte total is not a multiple of the iterations.
 CountTree collective_counts_per_iteration(const Trace& t);
+
+// Modules in preorder from Global with their depth; unreachable modules (a malformed tree) last.
+std::vector<std::pair<int, int>> module_preorder(const Trace& t);
+
+bool is_torch_dump(const Trace& t);  // read from a PyTorch generate_json_dump file
+std::string metadata_of(const Trace& t, const char* key);  // "" when absent
 
 }  // namespace commtrace

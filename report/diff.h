@@ -1,16 +1,18 @@
-// diff of two traces: per module and phase, the collective counts and bytes that differ,
-// as an aligned tree with a totals line. Works between our traces and PyTorch's dumps (bytes
-// are compared only when both sides have them).
+// diff of two traces on their per-iteration collective counts (report/counts.h): per module and
+// phase, every collective whose count (or bytes, when both sides have bytes) differs, and the
+// totals that changed. The result is data; render_diff makes the aligned text tree. Not a
+// record-by-record diff: shapes and reasons are out of scope (show both traces for those).
 #pragma once
 
 #include <string>
+#include <vector>
 
+#include "report/counts.h"
 #include "tracer/trace.h"
 
 namespace commtrace {
 
 struct DiffOptions {
-  bool color = false;
   std::string label_a = "A";
   std::string label_b = "B";
   // Compare modules down to this depth only (0: Global's totals; 1: + the model; ...); -1: all.
@@ -18,11 +20,40 @@ struct DiffOptions {
   int max_depth = -1;
 };
 
+struct DiffRow {
+  Phase phase = Phase::Forward;
+  Collective op = Collective::AllReduce;
+  OpStat a, b;
+  bool bytes_differ = false;
+};
+
+struct DiffModule {
+  std::string fqn;
+  int only_in = 0;  // 0 both sides, 1 only in A, 2 only in B
+  std::vector<DiffRow> rows;
+};
+
+// A change of Global's count (or, with equal counts, bytes) of one collective in one phase.
+struct TotalChange {
+  Phase phase = Phase::Forward;
+  Collective op = Collective::AllReduce;
+  std::int64_t count_delta = 0;
+  std::int64_t bytes_delta = 0;
+};
+
 struct DiffResult {
   bool equal = true;
-  std::string text;  // the rendered report (also when equal: a one-line "no differences")
+  std::string label_a, label_b;  // DiffOptions' labels
+  std::string desc_a, desc_b;    // "A: toy tp (world 4)"
+  bool per_iteration = false;    // a side traced more than one iteration
+  bool torch = false;            // a side is a PyTorch dump: forward and backward only
+  bool bytes = true;             // bytes were compared (no PyTorch dump)
+  std::vector<DiffModule> modules;
+  std::vector<TotalChange> totals;
 };
 
 DiffResult diff_traces(const Trace& a, const Trace& b, const DiffOptions& options = {});
+// The aligned text tree and the totals line (a one-line "no differences" when equal).
+std::string render_diff(const DiffResult& d, bool color = false);
 
 }  // namespace commtrace

@@ -2,35 +2,67 @@
 // table (tracer/collectives.h); op names are "aten.<name>.<overload>".
 #include "report/names.h"
 
+#include <charconv>
+
 #include "tracer/collectives.h"
 
 namespace commtrace {
 
-std::string torch_name(const OpRecord& r) {
-  if (r.kind == EventKind::Collective) {
-    if (const CollectiveSpec* c = find_collective(r.name)) return c->torch_name;
-    return r.name;  // not in the table: shown as recorded
-  }
-  // A name that already carries a namespace ("_c10d_functional.all_reduce", read back from a
-  // PyTorch dump) is not prefixed again.
-  const std::string base = r.name.find('.') == std::string::npos ? "aten." + r.name : r.name;
-  return r.overload.empty() ? base : base + "." + r.overload;
+std::string torch_name(const Trace& t, const Record& r) {
+  if (r.kind == EventKind::Collective) return collective_spec(r.collective.op).torch_name;
+  const std::string_view name = t.str(r.name), overload = t.str(r.overload);
+  std::string base =
+      name.find('.') == std::string_view::npos ? fmt::format("aten.{}", name) : std::string(name);
+  return overload.empty() ? base : fmt::format("{}.{}", base, overload);
 }
 
 std::string torch_module_type(const std::string& type) {
   if (type.empty()) return "";
-  // A type read back from a PyTorch dump is already in PyTorch's form.
   if (type.rfind("class '", 0) == 0) return type;
   return "class 'commtrace.nn." + type + "'";
 }
 
-std::string torch_size(const Shape& s) {
-  std::string out = "torch.Size([";
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (i) out += ", ";
-    out += std::to_string(s[i]);
+std::string torch_size(std::span<const std::int64_t> s) {
+  return fmt::format("torch.Size([{}])", fmt::join(s, ", "));
+}
+
+Shape parse_torch_size(std::string_view s) {
+  constexpr std::string_view kHead = "torch.Size([", kTail = "])";
+  auto bad = [&] {
+    return Error(ErrorCode::InvalidArgument,
+                 fmt::format("expected \"torch.Size([...])\", got \"{}\"", s));
+  };
+  if (s.size() < kHead.size() + kTail.size() || s.substr(0, kHead.size()) != kHead ||
+      s.substr(s.size() - kTail.size()) != kTail) {
+    throw bad();
   }
-  return out + "])";
+  std::string_view body = s.substr(kHead.size(), s.size() - kHead.size() - kTail.size());
+  Shape shape;
+  while (!body.empty()) {
+    while (!body.empty() && body.front() == ' ') body.remove_prefix(1);
+    std::int64_t v = 0;
+    const auto [end, ec] = std::from_chars(body.data(), body.data() + body.size(), v);
+    if (ec != std::errc() || end == body.data() || v < 0) throw bad();
+    shape.push_back(v);
+    body.remove_prefix(std::size_t(end - body.data()));
+    if (body.empty()) break;
+    if (body.front() != ',' || body.size() == 1) throw bad();
+    body.remove_prefix(1);
+  }
+  return shape;
+}
+
+std::string format_bytes(std::uint64_t b) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (b < 1024) return fmt::format("{} B", b);
+  double v = double(b);
+  int u = 0;
+  // Past 999.5 three digits would print in exponent form: go to the next unit.
+  while (v >= 999.5 && u < 6) {
+    v /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.3g} {}", v, units[u]);
 }
 
 }  // namespace commtrace

@@ -2,16 +2,16 @@
 
 namespace commtrace {
 
-std::map<std::string, int> op_counts(const Trace& t, const CountQuery& q) {
+std::map<std::string, std::int64_t> op_counts(const Trace& t, const CountQuery& q) {
   const int module = t.find_module(q.module);
   COMMTRACE_CHECK(module >= 0, ErrorCode::InvalidArgument, "trace has no module '{}'", q.module);
-  std::map<std::string, int> counts;
-  for (const OpRecord& r : t.records) {
-    if (q.phase && r.phase != *q.phase) continue;
-    if (q.kind && r.kind != *q.kind) continue;
-    if (q.rollup ? !t.is_within(r.module, module) : r.module != module) continue;
-    ++counts[r.name];
-  }
+  std::map<std::string, std::int64_t> counts;
+  t.for_each_record([&](const Record& r, std::uint64_t repeat) {
+    if (q.phase && r.phase != *q.phase) return;
+    if (q.kind && r.kind != *q.kind) return;
+    if (q.rollup ? !t.is_within(int(r.module), module) : int(r.module) != module) return;
+    counts[std::string(t.name(r))] += std::int64_t(repeat);
+  });
   return counts;
 }
 

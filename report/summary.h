@@ -2,6 +2,7 @@
 // CommDebugMode does (a module's counts include its children's; Global holds the total).
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -18,6 +19,6 @@ struct CountQuery {
 };
 
 // name -> count of the records matching q. Throws InvalidArgument when the module is absent.
-std::map<std::string, int> op_counts(const Trace& t, const CountQuery& q);
+std::map<std::string, std::int64_t> op_counts(const Trace& t, const CountQuery& q);
 
 }  // namespace commtrace

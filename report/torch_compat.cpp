@@ -5,26 +5,20 @@
 // collectives there or (noise >= 1) any recorded op at all, even one not shown.
 #include "report/torch_compat.h"
 
-#include "report/json_text.h"
-
 #include <array>
 #include <cstdint>
-#include <map>
 #include <set>
-#include <string_view>
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "report/counts.h"
 #include "report/names.h"
 #include "tracer/collectives.h"
+#include "tracer/json_io.h"
 
 namespace commtrace {
 
 namespace {
-
-using nlohmann::ordered_json;
 
 constexpr Phase kShownPhases[] = {Phase::Forward, Phase::Backward};
 constexpr const char* kYellow = "\x1b[1;33m";
@@ -42,117 +36,104 @@ bool is_trivial_torch_op(const std::string& torch_op) {
 int phase_slot(Phase p) { return p == Phase::Forward ? 0 : 1; }
 bool is_shown_phase(Phase p) { return p == Phase::Forward || p == Phase::Backward; }
 
-using CountList = std::vector<std::pair<std::string, std::int64_t>>;  // insertion-ordered
-
-void add_count(CountList& list, const std::string& name, std::int64_t n) {
-  for (auto& [k, v] : list) {
-    if (k == name) {
-      v += n;
-      return;
-    }
-  }
-  list.emplace_back(name, n);
-}
-
 // What CommDebugMode holds per module: collective counts rolled up over the subtree (in order of
-// first occurrence), and the module's own ops (every non-collective record) per phase.
+// first occurrence) and the module's own ops (every non-collective event) per phase.
 struct ModuleView {
-  std::array<CountList, 2> collectives;
-  std::array<std::vector<const OpRecord*>, 2> ops;
+  int module = 0, depth = 0;
+  std::array<std::vector<std::pair<std::string, std::int64_t>>, 2> collectives;
+  std::array<std::vector<const Record*>, 2> ops;
 };
 
 std::vector<ModuleView> build_views(const Trace& t) {
-  std::vector<ModuleView> views(t.modules.size());
-  for (const OpRecord& r : t.records) {
-    if (!is_shown_phase(r.phase)) continue;
-    COMMTRACE_CHECK(r.module >= 0 && std::size_t(r.module) < t.modules.size(),
-                    ErrorCode::InvalidArgument, "record {} ({}): module {} is not in the tree",
-                    r.index, r.name, r.module);
-    const int slot = phase_slot(r.phase);
-    if (r.kind == EventKind::Collective) {
-      const std::string name = torch_name(r);
-      for (int m = r.module; m >= 0; m = t.modules[std::size_t(m)].parent) {
-        add_count(views[std::size_t(m)].collectives[std::size_t(slot)], name, 1);
+  const CountTree counts = collective_counts(t);
+  const auto order = module_preorder(t);
+  std::vector<ModuleView> views(order.size());
+  std::vector<std::size_t> slot(t.modules.size());
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    ModuleView& v = views[i];
+    v.module = order[i].first;
+    v.depth = order[i].second;
+    slot[std::size_t(v.module)] = i;
+    for (Phase p : kShownPhases) {
+      for (Collective c : counts.modules[i].ops(p)) {
+        v.collectives[std::size_t(phase_slot(p))].emplace_back(collective_spec(c).torch_name,
+                                                               counts.modules[i].op(p, c).count);
       }
-    } else {
-      views[std::size_t(r.module)].ops[std::size_t(slot)].push_back(&r);
     }
   }
+  t.for_each_event([&](const Record& r, std::uint64_t) {
+    if (!is_shown_phase(r.phase) || r.kind == EventKind::Collective) return;
+    COMMTRACE_CHECK(r.module < t.modules.size(), ErrorCode::InvalidArgument,
+                    "a record names module {} of {}", r.module, t.modules.size());
+    views[slot[r.module]].ops[std::size_t(phase_slot(r.phase))].push_back(&r);
+  });
   return views;
 }
 
-// Modules in preorder (children in call order) with their depth.
-void preorder(const Trace& t, int m, int depth, std::vector<std::pair<int, int>>& out) {
-  out.emplace_back(m, depth);
-  for (int c : t.modules[std::size_t(m)].children) preorder(t, c, depth + 1, out);
-}
-
 // PyTorch keeps the DTensor positional arguments only.
-std::vector<const TensorMeta*> dtensor_inputs(const OpRecord& r) {
-  std::vector<const TensorMeta*> out;
+std::vector<TensorArg> dtensor_inputs(const Trace& t, const Record& r) {
+  std::vector<TensorArg> out;
   if (!r.sharded) return out;
-  for (const TensorMeta& m : r.inputs) {
-    if (!m.placements.empty()) out.push_back(&m);
+  for (const TensorArg& a : t.inputs(r)) {
+    if (a.placements != 0) out.push_back(a);
   }
   return out;
 }
 
 // noise 1: DTensor ops; 2: + local ops; 3: + trivial ops.
-bool op_listed(const OpRecord& r, int noise) {
+bool op_listed(const Trace& t, const Record& r, int noise) {
   if (noise <= 0) return false;
   if (noise >= 3) return true;
-  if (is_trivial_torch_op(torch_name(r))) return false;
-  return noise >= 2 || !dtensor_inputs(r).empty();
+  if (is_trivial_torch_op(torch_name(t, r))) return false;
+  return noise >= 2 || !dtensor_inputs(t, r).empty();
 }
 
 std::vector<const ParamInfo*> dtensor_params(const ModuleNode& n) {
   std::vector<const ParamInfo*> out;
   for (const ParamInfo& p : n.params) {
-    if (!p.placements.empty()) out.push_back(&p);
+    if (p.placements != 0) out.push_back(&p);
   }
   return out;
 }
 
+std::string mesh_of(const Trace& t, const Record& r) {
+  return r.mesh == kNoMesh ? "" : mesh_str(t.pools.mesh(r.mesh));
+}
+
 std::string py_list(const std::vector<std::string>& items) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    if (i) out += ", ";
-    out += items[i];
-  }
-  return out + "]";
+  return fmt::format("[{}]", fmt::join(items, ", "));
 }
 
 }  // namespace
 
 std::string torch_table(const Trace& t, int noise, bool color) {
   const std::vector<ModuleView> views = build_views(t);
-  std::vector<std::pair<int, int>> order;
-  preorder(t, 0, 0, order);
   const std::string on_y = color ? kYellow : "";
   const std::string on_r = color ? kRed : "";
   const std::string off = color ? kReset : "";
 
   std::string out;
-  for (const auto& [m, depth] : order) {
-    const ModuleNode& node = t.modules[std::size_t(m)];
-    const ModuleView& view = views[std::size_t(m)];
-    const std::string indent(std::size_t(4 * depth), ' ');
+  for (const ModuleView& view : views) {
+    const ModuleNode& node = t.modules[std::size_t(view.module)];
+    const std::string indent(std::size_t(4 * view.depth), ' ');
     out += indent + node.fqn + "\n";
     if (noise >= 1) {
-      if (m != 0) out += indent + "*module type: " + torch_module_type(node.type) + "\n";
+      if (view.module != 0) out += indent + "*module type: " + torch_module_type(node.type) + "\n";
       const auto params = dtensor_params(node);
       if (!params.empty()) {
         out += indent + "*Parameter List\n";
-        for (const ParamInfo* p : params)
-          out += indent + " *" + p->name + ": " + p->placements + "\n";
+        for (const ParamInfo* p : params) {
+          out +=
+              indent + " *" + p->name + ": " + placements_str(t.placements(p->placements)) + "\n";
+        }
       }
     }
     const std::string section = indent + "  ";
-    const std::string coll_indent(std::size_t(4 * depth + 4), ' ');
-    const std::string op_indent(std::size_t(4 * depth + 6), ' ');
+    const std::string coll_indent(std::size_t(4 * view.depth + 4), ' ');
+    const std::string op_indent(std::size_t(4 * view.depth + 6), ' ');
     for (Phase p : kShownPhases) {
       const std::size_t slot = std::size_t(phase_slot(p));
-      const CountList& colls = view.collectives[slot];
+      const auto& colls = view.collectives[slot];
       const bool has_ops = noise >= 1 && !view.ops[slot].empty();
       if (colls.empty() && !has_ops) continue;
       out += section + (p == Phase::Forward ? "FORWARD PASS\n" : "BACKWARD PASS\n");
@@ -160,19 +141,19 @@ std::string torch_table(const Trace& t, int noise, bool color) {
         out += fmt::format("{}{}*{}: {}{}\n", on_y, coll_indent, name, count, off);
       }
       if (!has_ops) continue;
-      for (const OpRecord* r : view.ops[slot]) {
-        if (!op_listed(*r, noise)) continue;
-        out += on_y + coll_indent + "**" + torch_name(*r) + off + "\n";
-        const auto ins = dtensor_inputs(*r);
+      for (const Record* r : view.ops[slot]) {
+        if (!op_listed(t, *r, noise)) continue;
+        out += on_y + coll_indent + "**" + torch_name(t, *r) + off + "\n";
+        const auto ins = dtensor_inputs(t, *r);
         if (ins.empty()) continue;
         std::vector<std::string> shapes, shardings;
-        for (const TensorMeta* in : ins) {
-          shapes.push_back(torch_size(in->global_shape));
-          shardings.push_back(in->placements);
+        for (const TensorArg& in : ins) {
+          shapes.push_back(torch_size(t.shape(in.global_shape)));
+          shardings.push_back(placements_str(t.placements(in.placements)));
         }
         out += on_r + op_indent + "shape: " + py_list(shapes) + off + "\n";
         out += on_r + op_indent + "sharding: " + py_list(shardings) + off + "\n";
-        out += on_r + op_indent + "device mesh: " + r->mesh + off + "\n";
+        out += on_r + op_indent + "device mesh: " + mesh_of(t, *r) + off + "\n";
       }
     }
   }
@@ -181,54 +162,58 @@ std::string torch_table(const Trace& t, int noise, bool color) {
 
 namespace {
 
-ordered_json op_json(const OpRecord& r) {
-  ordered_json j;
-  j["name"] = torch_name(r);
-  ordered_json shapes = ordered_json::array(), shardings = ordered_json::array();
-  const auto ins = dtensor_inputs(r);
-  for (const TensorMeta* in : ins) {
-    shapes.push_back(torch_size(in->global_shape));
-    shardings.push_back(in->placements);
+Json op_json(const Trace& t, const Record& r) {
+  Json j;
+  j["name"] = torch_name(t, r);
+  Json shapes = Json::array(), shardings = Json::array();
+  const auto ins = dtensor_inputs(t, r);
+  for (const TensorArg& in : ins) {
+    shapes.push_back(torch_size(t.shape(in.global_shape)));
+    shardings.push_back(placements_str(t.placements(in.placements)));
   }
   j["input_shape"] = std::move(shapes);
   j["input_sharding"] = std::move(shardings);
-  j["device_mesh"] = ins.empty() ? std::string() : r.mesh;
+  j["device_mesh"] = ins.empty() ? std::string() : mesh_of(t, r);
   j["is_bw"] = r.phase == Phase::Backward;
   j["is_activation_checkpointing"] = false;
   return j;
 }
 
-ordered_json node_json(const Trace& t, const std::vector<ModuleView>& views, int m, int noise) {
-  const ModuleNode& node = t.modules[std::size_t(m)];
-  const ModuleView& view = views[std::size_t(m)];
-  ordered_json j;
+Json node_json(const Trace& t, const std::vector<ModuleView>& views, std::size_t i, int noise) {
+  const ModuleView& view = views[i];
+  const ModuleNode& node = t.modules[std::size_t(view.module)];
+  Json j;
   j["fqn"] = node.fqn;
-  j["module_type"] = noise >= 1 && m != 0 ? torch_module_type(node.type) : std::string();
-  ordered_json params = ordered_json::array();
+  j["module_type"] = noise >= 1 && view.module != 0 ? torch_module_type(node.type) : std::string();
+  Json params = Json::array();
   if (noise >= 1) {
     for (const ParamInfo* p : dtensor_params(node)) {
-      params.push_back(ordered_json::array({p->name, p->placements}));
+      params.push_back(Json::array({p->name, placements_str(t.placements(p->placements))}));
     }
   }
   j["parameters"] = std::move(params);
-  ordered_json children = ordered_json::array();
-  for (int c : node.children) children.push_back(node_json(t, views, c, noise));
+  Json children = Json::array();
+  for (int c : node.children) {
+    for (std::size_t k = 0; k < views.size(); ++k) {
+      if (views[k].module == c) children.push_back(node_json(t, views, k, noise));
+    }
+  }
   j["children"] = std::move(children);
   for (Phase p : kShownPhases) {
-    ordered_json colls = ordered_json::array();
+    Json colls = Json::array();
     for (const auto& [name, count] : view.collectives[std::size_t(phase_slot(p))]) {
-      colls.push_back(ordered_json::array({name, count}));
+      colls.push_back(Json::array({name, count}));
     }
     j[p == Phase::Forward ? "collectives_forward" : "collectives_backward"] = std::move(colls);
   }
   for (Phase p : kShownPhases) {
-    ordered_json ops = ordered_json::array();
-    for (const OpRecord* r : view.ops[std::size_t(phase_slot(p))]) {
-      if (op_listed(*r, noise)) ops.push_back(op_json(*r));
+    Json ops = Json::array();
+    for (const Record* r : view.ops[std::size_t(phase_slot(p))]) {
+      if (op_listed(t, *r, noise)) ops.push_back(op_json(t, *r));
     }
     j[p == Phase::Forward ? "operations_forward" : "operations_backward"] = std::move(ops);
   }
-  j["operations_checkpointing"] = ordered_json::array();
+  j["operations_checkpointing"] = Json::array();
   return j;
 }
 
@@ -237,119 +222,107 @@ ordered_json node_json(const Trace& t, const std::vector<ModuleView>& views, int
 std::string torch_json_dump(const Trace& t, int noise) {
   const std::vector<ModuleView> views = build_views(t);
   // Python's json.dump: ensure_ascii, indent 4, no trailing newline.
-  return node_json(t, views, 0, noise).dump(4, ' ', true);
+  return node_json(t, views, 0, noise).dump(4, ' ', true, Json::error_handler_t::replace);
 }
 
 // ---------------------------------------------------------------- reading a dump
 
 namespace {
 
-// Reads one generate_json_dump tree into a Trace. Errors name the source and the JSON path.
+// Reads one generate_json_dump tree into a Trace: a module per node (a module listed again for
+// a repeated call is read once), the ops as records, and each module's own collective counts
+// (its listed counts less its children's) as one record repeated that many times.
 class DumpReader {
  public:
-  explicit DumpReader(std::string source) : source_(std::move(source)) {}
+  explicit DumpReader(std::string source) : rd_(std::move(source)) {}
 
-  Trace read(const std::string& text) {
-    const ordered_json root = parse_report_json(text, source_, "a generate_json_dump object");
-    const std::string fqn = string_at(root, "", "fqn");
-    expect(fqn == "Global", "fqn",
-           fmt::format("the root node is \"{}\", expected \"Global\"", fqn));
-
+  Trace read(const Json& root) {
+    const JsonPath top;
+    const std::string fqn = rd_.str(rd_.at(root, "fqn", top), top.key("fqn"));
+    if (fqn != "Global") {
+      rd_.fail(top.key("fqn"), fmt::format("the root node is \"{}\", expected \"Global\"", fqn));
+    }
     Trace t;
     t.metadata["format"] = "torch";
-    t.metadata["source"] = source_;
+    t.metadata["source"] = rd_.source();
     nodes_.push_back(Node{});
-    read_node(root, "", 0, t);
+    read_node(root, top, 0, t);
     subtract_children(t);
     emit_records(t);
     return t;
   }
 
  private:
+  using Counts = std::vector<std::pair<Collective, std::int64_t>>;  // first-occurrence order
+  // Counts beyond 2^40 calls are no real run's; sums of them stay far from overflow.
+  static constexpr std::int64_t kMaxCount = std::int64_t(1) << 40;
   struct Node {
     std::string path;
-    std::array<CountList, 2> rolled;  // canonical name -> count, as listed (rolled up)
-    std::array<CountList, 2> own;
-    std::array<std::vector<OpRecord>, 3> ops;  // forward, backward, checkpointing
+    std::array<Counts, 2> rolled, own;
+    std::array<std::vector<Record>, 3> ops;  // forward, backward, checkpointing
   };
 
-  [[noreturn]] void fail(const std::string& path, const std::string& msg) const {
-    throw Error(ErrorCode::InvalidArgument, path.empty()
-                                                ? fmt::format("{}: {}", source_, msg)
-                                                : fmt::format("{}: {}: {}", source_, path, msg));
-  }
-  void expect(bool cond, const std::string& path, const std::string& msg) const {
-    if (!cond) fail(path, msg);
-  }
-  static std::string join(const std::string& path, const std::string& key) {
-    return path.empty() ? key : path + "." + key;
-  }
-  static std::string index(const std::string& path, std::size_t i) {
-    return fmt::format("{}[{}]", path, i);
+  static void add(Counts& list, Collective c, std::int64_t n) {
+    for (auto& [k, v] : list) {
+      if (k == c) {
+        v += n;
+        return;
+      }
+    }
+    list.emplace_back(c, n);
   }
 
-  const ordered_json& required(const ordered_json& j, const std::string& path,
-                               const char* key) const {
-    auto it = j.find(key);
-    if (it == j.end()) fail(path, fmt::format("missing key \"{}\"", key));
-    return *it;
-  }
-  std::string string_at(const ordered_json& j, const std::string& path, const char* key) const {
-    const ordered_json& v = required(j, path, key);
-    expect(v.is_string(), join(path, key), "expected a string");
-    return v.get<std::string>();
-  }
-  // An optional array: absent reads as empty.
-  const ordered_json& array_at(const ordered_json& j, const std::string& path, const char* key,
-                               bool must_exist) const {
-    static const ordered_json kEmpty = ordered_json::array();
-    auto it = j.find(key);
-    if (it == j.end()) {
-      if (must_exist) fail(path, fmt::format("missing key \"{}\"", key));
+  const Json& optional_array(const Json& j, const JsonPath& path, const char* key,
+                             bool required) const {
+    static const Json kEmpty = Json::array();
+    const Json* v = rd_.find(j, key);
+    if (!v) {
+      if (required) rd_.at(j, key, path);  // throws "missing key"
       return kEmpty;
     }
-    expect(it->is_array(), join(path, key), "expected an array");
-    return *it;
+    return rd_.array(*v, path.key(key));
   }
 
-  void read_node(const ordered_json& j, const std::string& path, int m, Trace& t) {
-    nodes_[std::size_t(m)].path = path;
-    ModuleNode& node = t.modules[std::size_t(m)];
-    node.fqn = string_at(j, path, "fqn");
-    if (j.contains("module_type")) node.type = string_at(j, path, "module_type");
-
-    const std::string ppath = join(path, "parameters");
-    const ordered_json& params = array_at(j, path, "parameters", false);
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const ordered_json& p = params[i];
-      expect(p.is_array() && p.size() == 2 && p[0].is_string() && p[1].is_string(), index(ppath, i),
-             "expected [name, placements]");
-      node.params.push_back(ParamInfo{p[0].get<std::string>(), p[1].get<std::string>()});
+  void read_node(const Json& j, const JsonPath& path, int m, Trace& t) {
+    nodes_[std::size_t(m)].path = path.str();
+    t.modules[std::size_t(m)].fqn = rd_.str(rd_.at(j, "fqn", path), path.key("fqn"));
+    if (const Json* type = rd_.find(j, "module_type")) {
+      t.modules[std::size_t(m)].type = rd_.str(*type, path.key("module_type"));
     }
-
-    const ordered_json& children = array_at(j, path, "children", true);
+    const JsonPath ppath = path.key("parameters");
+    const Json& params = optional_array(j, path, "parameters", false);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const Json& p = params[i];
+      if (!(p.is_array() && p.size() == 2 && p[0].is_string() && p[1].is_string())) {
+        rd_.fail(ppath.index(i), "expected [name, placements]");
+      }
+      const auto placements = rd_.parse_with(
+          p[1], ppath.index(i), [](const std::string& s) { return parse_placements(s); });
+      t.modules[std::size_t(m)].params.push_back(
+          ParamInfo{p[0].get<std::string>(), t.pools.intern_placements(placements)});
+    }
+    const Json& children = optional_array(j, path, "children", true);
     read_collectives(j, path, "collectives_forward", nodes_[std::size_t(m)].rolled[0]);
     read_collectives(j, path, "collectives_backward", nodes_[std::size_t(m)].rolled[1]);
     static const char* kOpKeys[] = {"operations_forward", "operations_backward",
                                     "operations_checkpointing"};
     static const Phase kOpPhases[] = {Phase::Forward, Phase::Backward, Phase::Recompute};
     for (std::size_t k = 0; k < 3; ++k) {
-      const ordered_json& ops = array_at(j, path, kOpKeys[k], k < 2);
+      const Json& ops = optional_array(j, path, kOpKeys[k], k < 2);
       for (std::size_t i = 0; i < ops.size(); ++i) {
-        OpRecord r = read_op(ops[i], index(join(path, kOpKeys[k]), i));
+        const JsonPath ops_path = path.key(kOpKeys[k]);
+        Record r = read_op(ops[i], ops_path.index(i), t);
         r.phase = kOpPhases[k];
-        r.module = m;
-        nodes_[std::size_t(m)].ops[k].push_back(std::move(r));
+        r.module = std::uint32_t(m);
+        nodes_[std::size_t(m)].ops[k].push_back(r);
       }
     }
-
-    const std::string cpath = join(path, "children");
+    const JsonPath cpath = path.key("children");
     const int depth = t.modules[std::size_t(m)].depth;
     for (std::size_t i = 0; i < children.size(); ++i) {
-      const std::string child_path = index(cpath, i);
-      const ordered_json& c = children[i];
-      expect(c.is_object(), child_path, "expected an object");
-      const std::string fqn = string_at(c, child_path, "fqn");
+      const JsonPath child_path = cpath.index(i);
+      const Json& c = rd_.object(children[i], child_path);
+      const std::string fqn = rd_.str(rd_.at(c, "fqn", child_path), child_path.key("fqn"));
       // PyTorch lists a module once per call; the repeats carry the same data.
       bool repeat = false;
       for (int existing : t.modules[std::size_t(m)].children) {
@@ -357,98 +330,90 @@ class DumpReader {
       }
       if (repeat) continue;
       const int id = int(t.modules.size());
-      ModuleNode child;
-      child.parent = m;
-      child.depth = depth + 1;
-      t.modules.push_back(std::move(child));
+      t.modules.push_back(ModuleNode{"", "", m, depth + 1, {}, {}});
       t.modules[std::size_t(m)].children.push_back(id);
       nodes_.push_back(Node{});
       read_node(c, child_path, id, t);
     }
   }
 
-  void read_collectives(const ordered_json& j, const std::string& path, const char* key,
-                        CountList& out) const {
-    const std::string kpath = join(path, key);
-    const ordered_json& list = array_at(j, path, key, true);
+  void read_collectives(const Json& j, const JsonPath& path, const char* key, Counts& out) const {
+    const JsonPath kpath = path.key(key);
+    const Json& list = optional_array(j, path, key, true);
     for (std::size_t i = 0; i < list.size(); ++i) {
-      const ordered_json& e = list[i];
-      const std::string epath = index(kpath, i);
-      expect(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_number_integer(), epath,
-             "expected [name, count]");
+      const Json& e = list[i];
+      if (!(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_number_integer())) {
+        rd_.fail(kpath.index(i), "expected [name, count]");
+      }
       const std::string name = e[0].get<std::string>();
-      const std::int64_t count = e[1].get<std::int64_t>();
-      expect(count >= 0, epath, fmt::format("negative count {}", count));
+      const JsonPath epath = kpath.index(i);
+      const std::int64_t count = rd_.integer(e[1], epath.index(1));
+      if (count < 0) rd_.fail(kpath.index(i), fmt::format("negative count {}", count));
+      if (count > kMaxCount) {
+        rd_.fail(kpath.index(i), fmt::format("count {} is larger than {}", count, kMaxCount));
+      }
       const CollectiveSpec* spec = find_collective(name);
-      expect(spec != nullptr, epath, fmt::format("unknown collective \"{}\"", name));
-      add_count(out, spec->name, count);
+      if (!spec) rd_.fail(kpath.index(i), fmt::format("unknown collective \"{}\"", name));
+      add(out, spec->op, count);
     }
   }
 
-  static Shape parse_torch_size(const std::string& s, bool& ok) {
-    static constexpr std::string_view kHead = "torch.Size([", kTail = "])";
-    Shape shape;
-    ok = s.size() >= kHead.size() + kTail.size() && s.compare(0, kHead.size(), kHead) == 0 &&
-         s.compare(s.size() - kTail.size(), kTail.size(), kTail) == 0;
-    if (!ok) return shape;
-    const std::string body = s.substr(kHead.size(), s.size() - kHead.size() - kTail.size());
-    std::size_t pos = 0;
-    while (ok && pos < body.size()) {
-      std::size_t end = body.find(',', pos);
-      if (end == std::string::npos) end = body.size();
-      std::string item = body.substr(pos, end - pos);
-      while (!item.empty() && item.front() == ' ') item.erase(item.begin());
-      ok = !item.empty() && item.find_first_not_of("0123456789") == std::string::npos &&
-           item.size() < 19;
-      if (ok) shape.push_back(std::stoll(item));
-      pos = end + 1;
-      if (end + 1 == body.size()) ok = false;  // trailing comma
-    }
-    return shape;
-  }
-
-  OpRecord read_op(const ordered_json& j, const std::string& path) const {
-    expect(j.is_object(), path, "expected an operation object");
-    OpRecord r;
-    const std::string full = string_at(j, path, "name");
+  Record read_op(const Json& j, const JsonPath& path, Trace& t) const {
+    rd_.object(j, path);
+    Record r;
+    const std::string full = rd_.str(rd_.at(j, "name", path), path.key("name"));
     const std::size_t dot = full.rfind('.');
-    expect(dot != std::string::npos && dot > 0, join(path, "name"),
-           fmt::format("expected an op name like \"aten.mm.default\", got \"{}\"", full));
+    if (dot == std::string::npos || dot == 0) {
+      rd_.fail(path.key("name"),
+               fmt::format("expected an op name like \"aten.mm.default\", got \"{}\"", full));
+    }
     // aten.<name>.<overload>; another namespace stays part of the name.
     const bool aten = full.rfind("aten.", 0) == 0;
     const std::size_t first = full.find('.');
+    std::string name, overload;
     if (aten && first == dot) {  // "aten.mm": no overload
-      r.name = full.substr(5);
-      r.overload = "";
+      name = full.substr(5);
     } else {
-      r.name = full.substr(aten ? 5 : 0, dot - (aten ? 5 : 0));
-      r.overload = full.substr(dot + 1);
+      name = full.substr(aten ? 5 : 0, dot - (aten ? 5 : 0));
+      overload = full.substr(dot + 1);
     }
-    const bool gemm = aten && (r.name == "mm" || r.name == "addmm" || r.name == "bmm");
+    r.name = t.pools.intern(name);
+    r.overload = t.pools.intern(overload);
+    const bool gemm = aten && (name == "mm" || name == "addmm" || name == "bmm");
     r.kind = gemm ? EventKind::Gemm
                   : (is_trivial_torch_op(full) ? EventKind::Trivial : EventKind::Compute);
 
-    const ordered_json& shapes = array_at(j, path, "input_shape", true);
-    const ordered_json& shardings = array_at(j, path, "input_sharding", true);
-    expect(shapes.size() == shardings.size(), path,
-           fmt::format("input_shape has {} entries, input_sharding {}", shapes.size(),
-                       shardings.size()));
-    for (std::size_t i = 0; i < shapes.size(); ++i) {
-      const std::string spath = index(join(path, "input_shape"), i);
-      expect(shapes[i].is_string(), spath, "expected \"torch.Size([...])\"");
-      bool ok = false;
-      const Shape shape = parse_torch_size(shapes[i].get<std::string>(), ok);
-      expect(
-          ok, spath,
-          fmt::format("expected \"torch.Size([...])\", got \"{}\"", shapes[i].get<std::string>()));
-      expect(shardings[i].is_string(), index(join(path, "input_sharding"), i),
-             "expected a placements string");
-      r.inputs.push_back(TensorMeta{shape, shape, shardings[i].get<std::string>()});
+    const Json& shapes = optional_array(j, path, "input_shape", true);
+    const Json& shardings = optional_array(j, path, "input_sharding", true);
+    if (shapes.size() != shardings.size()) {
+      rd_.fail(path, fmt::format("input_shape has {} entries, input_sharding {}", shapes.size(),
+                                 shardings.size()));
     }
+    r.inputs_begin = std::uint32_t(t.args.size());
+    const JsonPath shapes_path = path.key("input_shape"),
+                   shardings_path = path.key("input_sharding");
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const Shape shape = rd_.parse_with(shapes[i], shapes_path.index(i),
+                                         [](const std::string& s) { return parse_torch_size(s); });
+      const auto placements =
+          rd_.parse_with(shardings[i], shardings_path.index(i),
+                         [](const std::string& s) { return parse_placements(s); });
+      const ShapeId sid = t.pools.intern_shape(shape);
+      t.args.push_back(TensorArg{sid, sid, t.pools.intern_placements(placements)});
+    }
+    r.n_inputs = std::uint16_t(shapes.size());
+    r.outputs_begin = std::uint32_t(t.args.size());
     r.sharded = !shardings.empty();
-    if (j.contains("device_mesh")) r.mesh = string_at(j, path, "device_mesh");
+    if (const Json* mesh = rd_.find(j, "device_mesh")) {
+      const std::string s = rd_.str(*mesh, path.key("device_mesh"));
+      if (!s.empty()) {
+        r.mesh = t.pools.intern_mesh(
+            rd_.parse_with(*mesh, path.key("device_mesh"),
+                           [](const std::string& m) { return parse_mesh_str(m); }));
+      }
+    }
     for (const char* key : {"is_bw", "is_activation_checkpointing"}) {
-      if (j.contains(key)) expect(j[key].is_boolean(), join(path, key), "expected true or false");
+      if (const Json* v = rd_.find(j, key)) rd_.boolean(*v, path.key(key));
     }
     return r;
   }
@@ -459,72 +424,82 @@ class DumpReader {
     for (std::size_t m = 0; m < t.modules.size(); ++m) {
       Node& node = nodes_[m];
       for (std::size_t slot = 0; slot < 2; ++slot) {
-        CountList below;
+        Counts below;
         for (int c : t.modules[m].children) {
-          for (const auto& [name, n] : nodes_[std::size_t(c)].rolled[slot]) {
-            add_count(below, name, n);
-          }
+          for (const auto& [op, n] : nodes_[std::size_t(c)].rolled[slot]) add(below, op, n);
         }
         node.own[slot] = node.rolled[slot];
-        for (const auto& [name, n] : below) {
+        for (const auto& [op, n] : below) {
           std::int64_t listed = 0;
           for (const auto& [k, v] : node.rolled[slot]) {
-            if (k == name) listed = v;
+            if (k == op) listed = v;
           }
-          expect(listed >= n,
-                 join(node.path, slot == 0 ? "collectives_forward" : "collectives_backward"),
-                 fmt::format("{} counted {} times in the children but {} times here (counts must "
-                             "include the children's)",
-                             find_collective(name)->torch_name, n, listed));
-          add_count(node.own[slot], name, -n);
+          if (listed < n) {
+            throw Error(ErrorCode::InvalidArgument,
+                        fmt::format("{}: {}{}{}: {} counted {} times in the children but {} "
+                                    "times here (counts must include the children's)",
+                                    rd_.source(), node.path == "(top level)" ? "" : node.path,
+                                    node.path == "(top level)" ? "" : ".",
+                                    slot == 0 ? "collectives_forward" : "collectives_backward",
+                                    collective_spec(op).torch_name, n, listed));
+          }
+          add(node.own[slot], op, -n);
         }
       }
     }
   }
 
   void emit_records(Trace& t) {
-    std::vector<std::pair<int, int>> order;
-    preorder(t, 0, 0, order);
-    for (const auto& [m, depth] : order) {
+    auto open_block = [&](std::uint64_t repeat) {
+      t.blocks.push_back(Block{std::uint32_t(t.records.size()), 0, 0, repeat});
+    };
+    for (const auto& [m, depth] : module_preorder(t)) {
       Node& node = nodes_[std::size_t(m)];
       for (std::size_t k = 0; k < 3; ++k) {
         if (k < 2) {
-          for (const auto& [name, n] : node.own[k]) {
-            for (std::int64_t i = 0; i < n; ++i) {
-              OpRecord r;
-              r.kind = EventKind::Collective;
-              r.name = name;
-              r.phase = k == 0 ? Phase::Forward : Phase::Backward;
-              r.module = m;
-              push(t, std::move(r));
-            }
+          for (const auto& [op, n] : node.own[k]) {
+            if (n == 0) continue;
+            Record r;
+            r.kind = EventKind::Collective;
+            r.name = t.pools.intern(collective_name(op));
+            r.phase = k == 0 ? Phase::Forward : Phase::Backward;
+            r.module = std::uint32_t(m);
+            r.collective.op = op;
+            r.collective.seq_stride = 1;
+            r.inputs_begin = r.outputs_begin = std::uint32_t(t.args.size());
+            open_block(std::uint64_t(n));
+            t.records.push_back(r);
+            t.blocks.back().count = 1;
           }
         }
-        for (OpRecord& r : node.ops[k]) push(t, std::move(r));
+        for (Record& r : node.ops[k]) {
+          if (t.blocks.empty() || t.blocks.back().repeat != 1) open_block(1);
+          t.records.push_back(r);
+          ++t.blocks.back().count;
+        }
       }
     }
   }
 
-  static void push(Trace& t, OpRecord r) {
-    r.index = t.records.size();
-    t.records.push_back(std::move(r));
-  }
-
-  std::string source_;
+  JsonReader rd_;
   std::vector<Node> nodes_;  // parallel to Trace::modules
 };
 
 }  // namespace
 
 Trace read_torch_json_dump(const std::string& text, const std::string& source) {
-  return DumpReader(source).read(text);
+  return read_torch_json_dump(JsonReader(source).parse(text, "a generate_json_dump object"),
+                              source);
 }
 
-bool is_torch_json_dump(const std::string& text) {
-  const ordered_json j = ordered_json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return false;
-  auto it = j.find("fqn");
-  return it != j.end() && it->is_string() && it->get<std::string>() == "Global";
+Trace read_torch_json_dump(const Json& root, const std::string& source) {
+  return DumpReader(source).read(root);
+}
+
+bool is_torch_json_dump(const Json& root) {
+  auto it = root.find("fqn");
+  return root.is_object() && it != root.end() && it->is_string() &&
+         it->get<std::string>() == "Global";
 }
 
 }  // namespace commtrace

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "tracer/json_io.h"
 #include "tracer/trace.h"
 
 namespace commtrace {
@@ -15,10 +16,12 @@ namespace commtrace {
 std::string torch_table(const Trace& t, int noise, bool color);
 // Indent 4, keys in PyTorch's order, no trailing newline.
 std::string torch_json_dump(const Trace& t, int noise);
-// Parses a generate_json_dump file; records are synthesized from its counts and operations.
-// Throws Error(InvalidArgument) naming the source and the offending key on malformed input.
+// Parses a generate_json_dump file: modules, ops as records, and each module's own collective
+// counts as one record repeated that many times. Throws Error(InvalidArgument) naming the
+// source and the JSON path on malformed input.
 Trace read_torch_json_dump(const std::string& text, const std::string& source);
-// True when the JSON text looks like a generate_json_dump (a node with "fqn": "Global").
-bool is_torch_json_dump(const std::string& text);
+Trace read_torch_json_dump(const Json& root, const std::string& source);
+// True when the document looks like a generate_json_dump (a node with "fqn": "Global").
+bool is_torch_json_dump(const Json& root);
 
 }  // namespace commtrace

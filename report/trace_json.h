@@ -1,26 +1,33 @@
-// commtrace's own trace format: versioned JSON ("schema": "commtrace.trace", "version": "1.0";
-// minor = field added, major = field changed) holding every field of every record of every
-// traced rank, the module trees, and the run's metadata. Readers reject another major version.
+// commtrace's own trace format: versioned JSON ("schema": "commtrace.trace", "version": "2.0";
+// minor = field added, major = field changed) holding every traced rank's module tree, meshes
+// and records (blocks of iterations, a repeated block stored once with its repeat count), and
+// the run's metadata. Written streamed, compact unless pretty. The reader takes 2.x and the
+// 1.x files of earlier releases (display strings parsed back into data).
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "tracer/json_io.h"
 #include "tracer/trace.h"
 
 namespace commtrace {
 
 inline constexpr const char* kTraceSchema = "commtrace.trace";
-inline constexpr const char* kTraceVersion = "1.0";
+inline constexpr const char* kTraceVersion = "2.0";
 
 // REQUIRES: at least one trace. Metadata comes from traces[0].metadata.
-std::string write_trace_json(const std::vector<Trace>& traces);
-// Throws Error(InvalidArgument) naming the source and the bad key or value.
+void write_trace_json(const std::vector<Trace>& traces, const JsonWriter::Sink& sink,
+                      bool pretty = false);
+std::string trace_json_string(const std::vector<Trace>& traces, bool pretty = false);
+// Writes through an AtomicFile (the old file survives a failed write).
+void write_trace_file(const std::string& path, const std::vector<Trace>& traces,
+                      bool pretty = false);
+
+// Throws Error(InvalidArgument) naming the source and the JSON path of the bad key or value.
 std::vector<Trace> read_trace_json(const std::string& text, const std::string& source);
 // Reads a file in either our format or PyTorch's generate_json_dump (one trace). Io on a
 // missing or unreadable file.
 std::vector<Trace> load_traces(const std::string& path);
-void write_file(const std::string& path, const std::string& text);  // Io on failure
-std::string read_file(const std::string& path);                     // Io on failure
 
 }  // namespace commtrace

@@ -22,7 +22,7 @@ int main() {
     DiffOptions d;
     d.label_a = "transformer tp";
     d.label_b = "transformer sp";
-    fmt::print("== diff tp → sp ==\n{}", diff_traces(traces[0], traces[1], d).text);
+    fmt::print("== diff tp → sp ==\n{}", render_diff(diff_traces(traces[0], traces[1], d)));
   } catch (const Error& e) {
     fmt::print(stderr, "transformer_tp_vs_sp: {}\n", e.what());
     return 1;

@@ -5,6 +5,7 @@
 
 #include "kernels/base.h"
 #include "tests/catch_compat.h"
+#include "tracer/trace.h"
 
 namespace commtrace::testing {
 
@@ -23,5 +24,33 @@ Error error_of(F f) {
   FAIL("expected commtrace::Error");
   return Error(ErrorCode::Internal, "unreachable");
 }
+
+// Readable views of a record's data for assertions.
+inline Shape shape_of(const Trace& t, ShapeId id) {
+  const auto s = t.shape(id);
+  return Shape(s.begin(), s.end());
+}
+inline Shape in_shape(const Trace& t, const Record& r, std::size_t i) {
+  return shape_of(t, t.inputs(r)[i].shape);
+}
+inline Shape in_global(const Trace& t, const Record& r, std::size_t i) {
+  return shape_of(t, t.inputs(r)[i].global_shape);
+}
+inline std::string in_placements(const Trace& t, const Record& r, std::size_t i) {
+  return placements_str(t.placements(t.inputs(r)[i].placements));
+}
+inline Shape out_shape(const Trace& t, const Record& r, std::size_t i) {
+  return shape_of(t, t.outputs(r)[i].shape);
+}
+inline Shape out_global(const Trace& t, const Record& r, std::size_t i) {
+  return shape_of(t, t.outputs(r)[i].global_shape);
+}
+inline std::string out_placements(const Trace& t, const Record& r, std::size_t i) {
+  return placements_str(t.placements(t.outputs(r)[i].placements));
+}
+inline std::string mesh_of(const Trace& t, const Record& r) {
+  return r.mesh == kNoMesh ? "" : mesh_str(t.pools.mesh(r.mesh));
+}
+inline std::string name_of(const Trace& t, const Record& r) { return std::string(t.name(r)); }
 
 }  // namespace commtrace::testing

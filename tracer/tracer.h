@@ -1,14 +1,55 @@
 // The per-thread Tracer and its RAII scopes. A Tracer collects one rank's Trace; it is made
 // current for a thread by TracerActivation. With no current tracer every hook is a null check.
+// Recording copies ids and numbers into fixed-size records (strings, shapes, placement lists and
+// meshes are interned): no allocation per record once the tables and vectors have grown, and no
+// text is formatted. Iterations marked with next_iteration() that repeat the previous one exactly
+// are folded into it (a repeat count), so a long run costs the memory of one iteration.
 // Not thread-safe: one tracer belongs to one thread (one rank) at a time.
 #pragma once
 
+#include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "tracer/trace.h"
 
 namespace commtrace {
+
+// A tensor as the recording sites describe it; global and placements are empty for a plain
+// tensor (then global is the shape).
+struct ArgView {
+  std::span<const std::int64_t> shape;
+  std::span<const std::int64_t> global;
+  std::span<const Placement> placements;
+};
+
+// One event to record. name and overload are static strings (interned by address); reason is
+// copied when it is not already known.
+struct EventView {
+  EventKind kind = EventKind::Compute;
+  const char* name = "";
+  const char* overload = "default";
+  DType dtype = DType::F32;
+  bool sharded = false;
+  const MeshInfo* mesh = nullptr;
+  std::string_view reason;
+  std::span<const ArgView> inputs;
+  std::span<const ArgView> outputs;
+};
+
+// The collective fields of an event; placements before/after describe the redistribution.
+struct CollectiveView {
+  Collective op = Collective::AllReduce;
+  ReduceOp reduce_op = ReduceOp::None;
+  std::uint64_t seq = 0;
+  std::string_view group;
+  int group_size = 0, group_rank = 0, peer = -1, root = -1;
+  std::uint64_t bytes = 0;
+  std::span<const Placement> before, after;
+};
 
 class Tracer {
  public:
@@ -19,28 +60,56 @@ class Tracer {
   static Tracer* current();  // null when no tracer is active on this thread
 
   // Module scopes: entering finds or creates the child `fqn` of the current module.
-  int enter_module(const std::string& fqn, const std::string& type);
+  int enter_module(std::string_view fqn, std::string_view type);
   void exit_module();
   int current_module() const { return stack_.back(); }
   // Backward attribution: run under `module` (an index of this trace) without the FQN lookup.
   void push_module(int module);
+  std::size_t module_count() const { return trace_.modules.size(); }
 
   Phase phase() const { return phase_; }
   void set_phase(Phase p) { phase_ = p; }
 
-  void set_params(int module, std::vector<ParamInfo> params);
+  bool has_params(int module) const;
+  // (local name, placements) per parameter; placements empty for a plain one.
+  void set_params(int module, std::span<const std::pair<std::string, std::vector<Placement>>> ps);
 
-  // Stamps index, phase and module (unless module >= 0 is given), then stores the record.
-  void record(OpRecord r);
+  // The clock of the records: ticks since the tracer began (cheap; converted by take()).
+  std::uint64_t now() const;
 
-  const Trace& trace() const { return trace_; }
-  Trace& trace() { return trace_; }
-  Trace take();  // moves the trace out and resets the tracer to an empty Global tree
+  // Records an event that ran from `start` (a now() value) until now; returns its index.
+  std::uint32_t record(const EventView& e, std::uint64_t start);
+  // Records an event that starts now and is finished by finish(); outputs may follow.
+  std::uint32_t begin(const EventView& e, const CollectiveView* collective = nullptr);
+  void add_outputs(std::uint32_t index, std::span<const ArgView> outputs);
+  void finish(std::uint32_t index);
+
+  // Ends the current iteration and starts the next: an iteration identical to the one before
+  // (same events in the same order; sequence numbers advancing by the same stride) is folded
+  // into it. The first iteration is 0.
+  void next_iteration();
+  std::uint32_t iteration() const { return iteration_; }
+  std::size_t record_count() const { return trace_.records.size(); }
+  // Bytes held by the trace (records, arguments, tables).
+  std::size_t memory_bytes() const;
+
+  // Moves the trace out (times in seconds, the last iteration folded) and resets the tracer.
+  Trace take();
 
  private:
+  std::uint32_t store(const EventView& e, const CollectiveView* c, std::uint64_t start);
+  std::uint32_t intern_static(const char* s);
+  TensorArg intern_arg(const ArgView& a);
+  void close_block();
+
   Trace trace_;
   std::vector<int> stack_{0};
   Phase phase_ = Phase::Forward;
+  std::uint64_t start_ticks_;
+  double start_steady_s_;
+  std::uint32_t iteration_ = 0;
+  std::unordered_map<const char*, StrId> static_ids_;
+  std::unordered_map<const MeshInfo*, MeshId> mesh_ids_;
 };
 
 // Makes `t` the current tracer of this thread for the scope; restores the previous one.
@@ -58,7 +127,7 @@ class TracerActivation {
 // Enters module `fqn` of the current tracer, if any, for the scope.
 class ModuleScope {
  public:
-  ModuleScope(const std::string& fqn, const std::string& type);
+  ModuleScope(std::string_view fqn, std::string_view type);
   ~ModuleScope();
   ModuleScope(const ModuleScope&) = delete;
   ModuleScope& operator=(const ModuleScope&) = delete;

@@ -68,7 +68,7 @@ void BM_AllReduceThreads(benchmark::State& state) {
     return;
   }
   state.counters["busbw"] = benchmark::Counter(
-      double(kBytes) * busbw_factor("all_reduce", world) * double(state.iterations()),
+      double(kBytes) * busbw_factor(Collective::AllReduce, world) * double(state.iterations()),
       benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_AllReduceThreads)->Arg(2)->Arg(4)->UseManualTime()->Unit(benchmark::kMillisecond);

@@ -19,15 +19,17 @@ namespace {
 
 void BM_RecordEvent(benchmark::State& state) {
   Tracer tr;
-  OpRecord r;
-  r.kind = EventKind::Gemm;
-  r.name = "addmm";
-  r.inputs = {TensorMeta{{16}, {16}, {}}, TensorMeta{{8, 10}, {8, 10}, {}},
-              TensorMeta{{10, 16}, {10, 16}, {}}};
-  r.outputs = {TensorMeta{{8, 16}, {8, 16}, {}}};
+  const Shape bias{16}, x{8, 10}, w{10, 16}, y{8, 16};
+  const ArgView ins[] = {{bias, {}, {}}, {x, {}, {}}, {w, {}, {}}};
+  const ArgView out{y, {}, {}};
+  EventView e;
+  e.kind = EventKind::Gemm;
+  e.name = "addmm";
+  e.inputs = ins;
+  e.outputs = {&out, 1};
   for (auto _ : state) {
-    tr.record(r);
-    if (tr.trace().records.size() >= 1 << 16) {
+    tr.record(e, tr.now());
+    if (tr.record_count() >= 1 << 16) {
       state.PauseTiming();
       tr.take();
       state.ResumeTiming();
@@ -59,7 +61,7 @@ void BM_OpTraced(benchmark::State& state) {
   TracerActivation on(tr);
   for (auto _ : state) {
     benchmark::DoNotOptimize(relu(x).impl());
-    if (tr.trace().records.size() >= 1 << 16) {
+    if (tr.record_count() >= 1 << 16) {
       state.PauseTiming();
       tr.take();
       state.ResumeTiming();

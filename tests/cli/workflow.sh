@@ -54,14 +54,14 @@ check fake_meta_64 0 "ranks consistent: 64 ranks" -- "$ct" run --model transform
   --world-size 64 --device meta --backend fake --rank all
 
 # Bad input: a message and exit 2, never a crash.
-printf '{"schema": "commtrace.trace", "version": "2.0"}' >v2.json
-check bad_version 2 "version 2.0 is not supported" -- "$ct" show v2.json
+printf '{"schema": "commtrace.trace", "version": "3.0"}' >v3.json
+check bad_version 2 "version 3.0 is not supported" -- "$ct" show v3.json
 printf '{"schema": "commtrace.trace", "ver' >trunc.json
 check bad_truncated 2 "trunc.json" -- "$ct" diff trunc.json tp.json
 check bad_missing_file 2 "nope.json" -- "$ct" show nope.json
 check bad_meta_threads 2 "needs the fake backend" -- "$ct" run --device meta
 check bad_rank 2 "rank 9 out of range" -- "$ct" run --model toy --world-size 4 --rank 9
-check bad_plan_file 2 "cannot read plan file" -- "$ct" run --model toy --plan ./missing.json
+check bad_plan_file 2 "cannot open plan file" -- "$ct" run --model toy --plan ./missing.json
 printf '{"schema": "commtrace.plan", "version": "1.0", "plan": {"decoder": {"style": "ColwiseParallel"}}}' >p.json
 check bad_plan_pattern 2 "pattern 'decoder' matches no module" -- "$ct" run --model toy --plan p.json
 check bad_shape_mesh 2 "mesh 2x3 has 6 ranks but the world size is 4" -- "$ct" run --world-size 4 --mesh 2x3

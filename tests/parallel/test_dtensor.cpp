@@ -13,9 +13,11 @@
 #include "parallel/launch.h"
 #include "parallel/ops.h"
 #include "tests/catch_compat.h"
+#include "tests/test_util.h"
 #include "tracer/tracer.h"
 
 using namespace commtrace;
+using namespace commtrace::testing;
 
 namespace {
 
@@ -55,9 +57,9 @@ struct Collectives {
 
 Collectives collectives(const Trace& t) {
   Collectives c;
-  for (const OpRecord& r : t.records) {
+  for (const Record& r : t.records) {
     if (r.kind != EventKind::Collective) continue;
-    (r.phase == Phase::Forward ? c.forward : c.backward).push_back(r.name);
+    (r.phase == Phase::Forward ? c.forward : c.backward).push_back(name_of(t, r));
   }
   return c;
 }
@@ -88,7 +90,7 @@ std::vector<TransitionResult> run_transition(std::vector<int> shape, const Place
       y.backward(g);
     }
     TransitionResult& r = results[std::size_t(ctx.rank())];
-    r.coll = collectives(tr.trace());
+    r.coll = collectives(tr.take());
     NoGradGuard ng;
     r.full_out =
         to_local(redistribute(y, Placements(shape.size(), Placement::replicate()))).to_vector();
@@ -159,26 +161,28 @@ TEST_CASE("transitions on either dim of a 2x2 mesh use that dim's group", "[dten
 
 TEST_CASE("collectives of a redistribute name the group, the placements and the reason",
           "[dtensor]") {
-  std::vector<OpRecord> recs(2);
+  std::vector<Trace> traces(2);
   launch(2, [&](RankContext& ctx) {
     auto mesh = std::make_shared<DeviceMesh>(ctx, std::vector<int>{2});
     Tensor x = make(full_8x8(), mesh, {Placement::partial()});
     Tracer tr(ctx.rank());
     TracerActivation on(tr);
     redistribute(x, {Placement::shard(0)}, "out_proj output");
-    recs[std::size_t(ctx.rank())] = tr.trace().records.at(0);
+    traces[std::size_t(ctx.rank())] = tr.take();
   });
-  const OpRecord& r = recs[1];
-  REQUIRE(r.name == "reduce_scatter");
-  REQUIRE(r.collective.group == "tp");
+  const Trace& t = traces[1];
+  const Record& r = t.records.at(0);
+  REQUIRE(name_of(t, r) == "reduce_scatter");
+  REQUIRE(r.collective.op == Collective::ReduceScatter);
+  REQUIRE(t.str(r.collective.group) == "tp");
   REQUIRE(r.collective.group_size == 2);
   REQUIRE(r.collective.group_rank == 1);
-  REQUIRE(r.collective.placements_before == "(Partial(sum),)");
-  REQUIRE(r.collective.placements_after == "(Shard(dim=0),)");
+  REQUIRE(placements_str(t.placements(r.collective.before)) == "(Partial(sum),)");
+  REQUIRE(placements_str(t.placements(r.collective.after)) == "(Shard(dim=0),)");
   REQUIRE(r.collective.bytes == 64 * 4);
-  REQUIRE(r.reason == "out_proj output");
-  REQUIRE(r.mesh == "DeviceMesh((2,), 'cpu', stride=(1,))");
-  REQUIRE(r.outputs.at(0).shape == Shape{4, 8});
+  REQUIRE(t.str(r.reason) == "out_proj output");
+  REQUIRE(mesh_of(t, r) == "DeviceMesh((2,), 'cpu', stride=(1,))");
+  REQUIRE(out_shape(t, r, 0) == Shape{4, 8});
 }
 
 TEST_CASE("from_local backward all-reduces a Partial gradient of a Replicate input", "[dtensor]") {
@@ -198,7 +202,7 @@ TEST_CASE("from_local backward all-reduces a Partial gradient of a Replicate inp
       d.backward(g);
     }
     grads[std::size_t(ctx.rank())] = local.grad().to_vector();
-    bwd[std::size_t(ctx.rank())] = collectives(tr.trace()).backward;
+    bwd[std::size_t(ctx.rank())] = collectives(tr.take()).backward;
   });
   for (int r = 0; r < 4; ++r) {
     REQUIRE(grads[std::size_t(r)] == std::vector<double>(6, 10.0));
@@ -254,7 +258,7 @@ TEST_CASE("sharded matmuls pick the cheapest strategy and match one device", "[d
         c = mm(a, b);
       }
       o.pl[i] = placements_str(dist_of(c).placements);
-      o.coll[i] = collectives(tr.trace()).forward;
+      o.coll[i] = collectives(tr.take()).forward;
       o.full[i] = full_tensor(c).to_vector();
     }
   });
@@ -270,7 +274,7 @@ TEST_CASE("sharded matmuls pick the cheapest strategy and match one device", "[d
 }
 
 TEST_CASE("sharded ops record global shapes and placements", "[dtensor]") {
-  std::vector<OpRecord> recs(2);
+  std::vector<Trace> traces(2);
   launch(2, [&](RankContext& ctx) {
     auto mesh = std::make_shared<DeviceMesh>(ctx, std::vector<int>{2});
     Tensor a = distribute_tensor(full_8x8(), mesh, {Placement::shard(1)});
@@ -279,18 +283,22 @@ TEST_CASE("sharded ops record global shapes and placements", "[dtensor]") {
     Tracer tr;
     TracerActivation on(tr);
     linear(a, w, b);
-    for (const OpRecord& r : tr.trace().records) {
-      if (r.sharded && r.name == "addmm") recs[std::size_t(ctx.rank())] = r;
-    }
+    traces[std::size_t(ctx.rank())] = tr.take();
   });
-  const OpRecord& r = recs[0];
+  const Trace& t = traces[0];
+  const Record* found = nullptr;
+  for (const Record& r : t.records) {
+    if (r.sharded && t.name(r) == "addmm") found = &r;
+  }
+  REQUIRE(found != nullptr);
+  const Record& r = *found;
   REQUIRE(r.kind == EventKind::Gemm);
-  REQUIRE(r.inputs.size() == 3);
-  REQUIRE(r.inputs[1].global_shape == Shape{8, 8});
-  REQUIRE(r.inputs[1].shape == Shape{8, 4});
-  REQUIRE(r.inputs[1].placements == "(Shard(dim=1),)");
-  REQUIRE(r.inputs[0].placements == "(Replicate(),)");
-  REQUIRE(r.outputs.at(0).placements == "(Partial(sum),)");
+  REQUIRE(t.inputs(r).size() == 3);
+  REQUIRE(in_global(t, r, 1) == Shape{8, 8});
+  REQUIRE(in_shape(t, r, 1) == Shape{8, 4});
+  REQUIRE(in_placements(t, r, 1) == "(Shard(dim=1),)");
+  REQUIRE(in_placements(t, r, 0) == "(Replicate(),)");
+  REQUIRE(out_placements(t, r, 0) == "(Partial(sum),)");
 }
 
 TEST_CASE("a sharded view keeps the shard or gathers first", "[dtensor]") {

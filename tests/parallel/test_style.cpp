@@ -91,18 +91,22 @@ TEST_CASE("plan JSON: schema, styles, layouts and errors", "[style]") {
   REQUIRE(contains(err("{"), "p.json: not valid JSON"));
   REQUIRE(contains(err(R"j({"schema": "x", "version": "1.0", "plan": {}})j"), "schema"));
   REQUIRE(contains(err(R"j({"schema": "commtrace.plan", "version": "2.0", "plan": {"a": 1}})j"),
-                   "unsupported plan version \"2.0\""));
+                   "plan version 2.0 is not supported"));
+  REQUIRE(contains(err(R"j({"schema": "commtrace.plan", "version": "1.banana", "plan": {}})j"),
+                   "version '1.banana' is not of the form <major>.<minor>"));
+  REQUIRE(contains(err("{" + head + R"j("name": 7, "plan": {"a": {"style": "ColwiseParallel"}}})j"),
+                   "p.json: name: expected a string, got number"));
   REQUIRE(contains(err("{" + head + R"j("plan": {"a": {"style": "Diagonal"}}})j"),
                    "unknown style \"Diagonal\""));
   REQUIRE(contains(err("{" + head + R"j("plan": {"a": {"style": "ColwiseParallel", "bias": 1}}})j"),
-                   "unknown key \"bias\""));
+                   "p.json: plan.a: unknown key 'bias'"));
   REQUIRE(
       contains(err("{" + head +
                    R"j("plan": {"a": {"style": "ColwiseParallel", "input_layouts": "Z(1)"}}})j"),
                "plan.a.input_layouts: unknown placement 'Z(1)'"));
-  REQUIRE(contains(err("{" + head + R"j("plan": {}})j"), "non-empty"));
+  REQUIRE(contains(err("{" + head + R"j("plan": {}})j"), "p.json: plan: no styles"));
   REQUIRE(contains(error_text([] { load_plan_file("/nonexistent/plan.json"); }),
-                   "cannot read plan file"));
+                   "cannot open plan file"));
 }
 
 TEST_CASE("placements parse in short and PyTorch forms", "[style]") {
@@ -110,7 +114,7 @@ TEST_CASE("placements parse in short and PyTorch forms", "[style]") {
   REQUIRE(parse_placement("Shard(dim=-1)") == Placement::shard(-1));
   REQUIRE(parse_placement("Replicate()") == Placement::replicate());
   REQUIRE(parse_placement("Partial(avg)") == Placement::partial(ReduceOp::Avg));
-  REQUIRE(placements_str({Placement::shard(1), Placement::replicate()}) ==
+  REQUIRE(placements_str(Placements{Placement::shard(1), Placement::replicate()}) ==
           "(Shard(dim=1), Replicate())");
   REQUIRE_THROWS_AS(parse_placement("Shard(x)"), Error);
   REQUIRE(chunk_range(8, 3, 2).size == 2);
@@ -126,13 +130,13 @@ TEST_CASE("SequenceParallel norms: Partial gradients reduced in the optimizer ph
   const Trace t = trace_run(o).at(0);
   int optimizer_all_reduce = 0, other_optimizer = 0;
   std::string reason;
-  for (const OpRecord& r : t.records) {
+  for (const Record& r : t.records) {
     if (r.phase != Phase::Optimizer || r.kind != EventKind::Collective) continue;
-    if (r.name == "all_reduce") {
+    if (r.collective.op == Collective::AllReduce) {
       ++optimizer_all_reduce;
-      reason = r.reason;
-      REQUIRE(r.collective.placements_before == "(Partial(sum),)");
-      REQUIRE(r.collective.placements_after == "(Replicate(),)");
+      reason = t.str(r.reason);
+      REQUIRE(placements_str(t.placements(r.collective.before)) == "(Partial(sum),)");
+      REQUIRE(placements_str(t.placements(r.collective.after)) == "(Replicate(),)");
     } else {
       ++other_optimizer;
     }

@@ -29,7 +29,7 @@ json load(const std::string& path) {
 Counts canonical(const json& torch_counts) {
   Counts c;
   for (const auto& [key, n] : torch_counts.items()) {
-    if (n.get<int>() != 0) c[canonical_collective(key)] += n.get<int>();
+    if (n.get<int>() != 0) c[collective_name(parse_collective(key))] += n.get<int>();
   }
   return c;
 }
@@ -38,8 +38,8 @@ Counts ours(const CountTree& tree, const std::string& fqn, Phase phase) {
   Counts c;
   const ModuleCounts* m = tree.find(fqn);
   if (!m) return c;
-  for (const auto& [name, stat] : m->phases[std::size_t(phase)]) {
-    if (stat.count) c[name] = stat.count;
+  for (const GroupStat& g : m->phases[std::size_t(phase)]) {
+    if (g.stat.count) c[collective_name(g.op)] += int(g.stat.count);
   }
   return c;
 }

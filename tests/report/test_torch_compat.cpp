@@ -19,10 +19,12 @@
 #include "report/names.h"
 #include "report/torch_compat.h"
 #include "tests/catch_compat.h"
+#include "tests/test_util.h"
 #include "tracer/collectives.h"
 #include "tracer/tracer.h"
 
 using namespace commtrace;
+using namespace commtrace::testing;
 
 namespace {
 
@@ -127,24 +129,26 @@ const Trace& mlp_tp_trace() {
 }
 
 // Collective counts per (module, phase, canonical name), own (not rolled up).
-using OwnCounts = std::map<std::tuple<std::string, Phase, std::string>, int>;
+using OwnCounts = std::map<std::tuple<std::string, Phase, std::string>, std::int64_t>;
 OwnCounts own_counts(const Trace& t) {
   OwnCounts out;
-  for (const OpRecord& r : t.records) {
-    if (r.kind != EventKind::Collective) continue;
-    ++out[{t.modules[std::size_t(r.module)].fqn, r.phase, r.name}];
-  }
+  t.for_each_record([&](const Record& r, std::uint64_t repeat) {
+    if (r.kind != EventKind::Collective) return;
+    out[{t.modules[std::size_t(r.module)].fqn, r.phase, collective_name(r.collective.op)}] +=
+        std::int64_t(repeat);
+  });
   return out;
 }
 
-int rolled(const Trace& t, const std::string& fqn, Phase p, const std::string& name) {
+std::int64_t rolled(const Trace& t, const std::string& fqn, Phase p, const std::string& name) {
   const int m = t.find_module(fqn);
-  int n = 0;
-  for (const OpRecord& r : t.records) {
-    if (r.kind == EventKind::Collective && r.phase == p && r.name == name &&
-        t.is_within(r.module, m))
-      ++n;
-  }
+  std::int64_t n = 0;
+  t.for_each_record([&](const Record& r, std::uint64_t repeat) {
+    if (r.kind == EventKind::Collective && r.phase == p &&
+        collective_name(r.collective.op) == name && t.is_within(int(r.module), m)) {
+      n += std::int64_t(repeat);
+    }
+  });
   return n;
 }
 
@@ -164,26 +168,36 @@ void require_invalid(const std::string& text, const std::string& source,
 }  // namespace
 
 TEST_CASE("torch names", "[report][torch]") {
-  OpRecord r;
+  Trace t;
+  Record r;
   r.kind = EventKind::Collective;
-  r.name = "all_reduce";
-  REQUIRE(torch_name(r) == "c10d_functional.all_reduce");
-  r.name = "all_gather";
-  REQUIRE(torch_name(r) == "c10d_functional.all_gather_into_tensor");
-  r.name = "all_to_all";
-  REQUIRE(torch_name(r) == "_dtensor.shard_dim_alltoall");
+  r.collective.op = Collective::AllReduce;
+  REQUIRE(torch_name(t, r) == "c10d_functional.all_reduce");
+  r.collective.op = Collective::AllGather;
+  REQUIRE(torch_name(t, r) == "c10d_functional.all_gather_into_tensor");
+  r.collective.op = Collective::AllToAll;
+  REQUIRE(torch_name(t, r) == "_dtensor.shard_dim_alltoall");
   r.kind = EventKind::Gemm;
-  r.name = "addmm";
-  REQUIRE(torch_name(r) == "aten.addmm.default");
+  r.name = t.pools.intern("addmm");
+  r.overload = t.pools.intern("default");
+  REQUIRE(torch_name(t, r) == "aten.addmm.default");
   r.kind = EventKind::Compute;
-  r.name = "sum";
-  r.overload = "dim_IntList";
-  REQUIRE(torch_name(r) == "aten.sum.dim_IntList");
+  r.name = t.pools.intern("sum");
+  r.overload = t.pools.intern("dim_IntList");
+  REQUIRE(torch_name(t, r) == "aten.sum.dim_IntList");
+  REQUIRE(format_bytes(400) == "400 B");
+  REQUIRE(format_bytes(3200) == "3.12 KiB");
+  REQUIRE(format_bytes(1023 * 1024 + 1000) == "1 MiB");
+  REQUIRE(format_bytes(std::uint64_t(1) << 62) == "4 EiB");
+  REQUIRE(parse_torch_size("torch.Size([8, 10])") == Shape{8, 10});
+  REQUIRE(parse_torch_size("torch.Size([])").empty());
+  REQUIRE_THROWS_AS(parse_torch_size("torch.Size([8, x])"), Error);
+  REQUIRE_THROWS_AS(parse_torch_size("torch.Size([8,])"), Error);
   REQUIRE(torch_module_type("Linear") == "class 'commtrace.nn.Linear'");
   REQUIRE(torch_module_type("").empty());
-  REQUIRE(torch_size({8, 10}) == "torch.Size([8, 10])");
-  REQUIRE(torch_size({16}) == "torch.Size([16])");
-  REQUIRE(torch_size({}) == "torch.Size([])");
+  REQUIRE(torch_size(Shape{8, 10}) == "torch.Size([8, 10])");
+  REQUIRE(torch_size(Shape{16}) == "torch.Size([16])");
+  REQUIRE(torch_size(Shape{}) == "torch.Size([])");
 }
 
 TEST_CASE("torch table of the MLP TP trace equals PyTorch's at noise 0", "[report][torch]") {
@@ -219,8 +233,9 @@ TEST_CASE("torch JSON dump lists ops by noise level", "[report][torch]") {
   // Placements as PyTorch shows them; the runtime does not record them yet. A plain parameter
   // is not listed (PyTorch lists DTensor parameters only).
   Trace t = mlp_tp_trace();
+  const PlacementsId s0 = t.pools.intern_placements(Placements{Placement::shard(0)});
   t.modules[std::size_t(t.find_module("MLPModule.net1"))].params = {
-      {"weight", "(Shard(dim=0),)"}, {"bias", "(Shard(dim=0),)"}, {"scale", ""}};
+      {"weight", s0}, {"bias", s0}, {"scale", 0}};
   const auto j0 = nlohmann::json::parse(torch_json_dump(t, 0));
   const auto j1 = nlohmann::json::parse(torch_json_dump(t, 1));
   const auto j3 = nlohmann::json::parse(torch_json_dump(t, 3));
@@ -244,7 +259,7 @@ TEST_CASE("torch JSON dump lists ops by noise level", "[report][torch]") {
 
 TEST_CASE("reading PyTorch's noise-0 dump and writing it back is byte-exact", "[report][torch]") {
   const std::string golden = data_file("golden_mlp_tp_comm_mode_log_noise0.json");
-  REQUIRE(is_torch_json_dump(golden));
+  REQUIRE(is_torch_json_dump(Json::parse(golden)));
   const Trace t = read_torch_json_dump(golden, "noise0.json");
   REQUIRE(t.metadata.at("format") == "torch");
   REQUIRE(t.modules.size() == 5);
@@ -264,19 +279,20 @@ TEST_CASE("reading PyTorch's noise-3 dump", "[report][torch]") {
   REQUIRE(net1 > 0);
   REQUIRE(t.modules[std::size_t(net1)].type == "class 'torch.nn.modules.linear.Linear'");
   REQUIRE(t.modules[std::size_t(net1)].params.size() == 2);
-  REQUIRE(t.modules[std::size_t(net1)].params[0].placements == "(Shard(dim=0),)");
+  REQUIRE(placements_str(t.placements(t.modules[std::size_t(net1)].params[0].placements)) ==
+          "(Shard(dim=0),)");
   REQUIRE(own_counts(t) == OwnCounts{{{"MLPModule.net2", Phase::Forward, "all_reduce"}, 1}});
-  const OpRecord* addmm = nullptr;
-  for (const OpRecord& r : t.records) {
-    if (r.module == net1 && r.name == "addmm" && r.sharded) addmm = &r;
+  const Record* addmm = nullptr;
+  for (const Record& r : t.records) {
+    if (int(r.module) == net1 && t.name(r) == "addmm" && r.sharded) addmm = &r;
   }
   REQUIRE(addmm != nullptr);
   REQUIRE(addmm->kind == EventKind::Gemm);
   REQUIRE(addmm->phase == Phase::Forward);
-  REQUIRE(addmm->inputs.size() == 3);
-  REQUIRE(addmm->inputs[2].global_shape == Shape{10, 16});
-  REQUIRE(addmm->inputs[2].placements == "(Shard(dim=1),)");
-  REQUIRE(addmm->mesh == "DeviceMesh((4,), 'cpu', stride=(1,))");
+  REQUIRE(t.inputs(*addmm).size() == 3);
+  REQUIRE(in_global(t, *addmm, 2) == Shape{10, 16});
+  REQUIRE(in_placements(t, *addmm, 2) == "(Shard(dim=1),)");
+  REQUIRE(mesh_of(t, *addmm) == "DeviceMesh((4,), 'cpu', stride=(1,))");
   // Everything the dump holds comes back: the noise-3 dump and tables round-trip.
   REQUIRE(torch_json_dump(t, 3) == golden);
   const auto tables = golden_tables();
@@ -327,7 +343,7 @@ TEST_CASE("malformed PyTorch dumps are rejected naming the source and the path",
   require_invalid("[1, 2]", "arr.json", "expected a generate_json_dump object");
   require_invalid(R"({"fqn": "Model", "children": []})", "root.json", "\"Global\"");
   require_invalid(R"({"fqn": "Global", "collectives_forward": [], "collectives_backward": []})",
-                  "nochildren.json", "missing key \"children\"");
+                  "nochildren.json", "missing key 'children'");
 
   auto j = nlohmann::ordered_json::parse(golden);
   auto bad = j;
@@ -360,7 +376,17 @@ TEST_CASE("malformed PyTorch dumps are rejected naming the source and the path",
   bad["collectives_forward"][0][1] = -1;
   require_invalid(bad.dump(4), "neg.json", "collectives_forward[0]: negative count -1");
 
-  REQUIRE_FALSE(is_torch_json_dump("{\"schema\": \"commtrace.trace\"}"));
-  REQUIRE_FALSE(is_torch_json_dump("not json"));
-  REQUIRE_FALSE(is_torch_json_dump("{\"fqn\": \"Model\"}"));
+  REQUIRE_FALSE(is_torch_json_dump(Json::parse("{\"schema\": \"commtrace.trace\"}")));
+  REQUIRE_FALSE(is_torch_json_dump(Json::parse("{\"fqn\": \"Model\"}")));
+  // A huge count is kept as a count (one record repeated), not as that many records.
+  bad = j;
+  bad["children"][0]["children"][2]["collectives_forward"][0][1] = 1000000000000;
+  bad["children"][0]["collectives_forward"][0][1] = 1000000000000;
+  bad["collectives_forward"][0][1] = 1000000000000;
+  const Trace huge = read_torch_json_dump(bad.dump(), "huge.json");
+  REQUIRE(huge.records.size() < 10);
+  REQUIRE(rolled(huge, "Global", Phase::Forward, "all_reduce") == 1000000000000);
+  bad["collectives_forward"][0][1] = 9223372036854775807;
+  require_invalid(bad.dump(4), "max.json",
+                  "collectives_forward[0]: count 9223372036854775807 is larger than");
 }

@@ -1,7 +1,11 @@
 // commtrace's own JSON: a round trip keeps every field of every record (write → read → write is
 // byte-identical), the reader is strict and names source and path, versions are checked, and a
 // corpus of bad files (tests/report/data/bad) throws Error instead of crashing.
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cstdio>
 #include <filesystem>
@@ -14,8 +18,10 @@
 #include "report/baseline.h"
 #include "report/trace_json.h"
 #include "tests/catch_compat.h"
+#include "tests/test_util.h"
 
 using namespace commtrace;
+using namespace commtrace::testing;
 using json = nlohmann::ordered_json;
 namespace fs = std::filesystem;
 
@@ -40,15 +46,18 @@ const std::vector<Trace>& toy_sp_2x2() {
   return traces;
 }
 
-void require_same_tensors(const std::vector<TensorMeta>& a, const std::vector<TensorMeta>& b) {
+void require_same_args(const Trace& ta, std::span<const TensorArg> a, const Trace& tb,
+                       std::span<const TensorArg> b) {
   REQUIRE(a.size() == b.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
-    CHECK(a[i].shape == b[i].shape);
-    CHECK(a[i].global_shape == b[i].global_shape);
-    CHECK(a[i].placements == b[i].placements);
+    CHECK(shape_of(ta, a[i].shape) == shape_of(tb, b[i].shape));
+    CHECK(shape_of(ta, a[i].global_shape) == shape_of(tb, b[i].global_shape));
+    CHECK(placements_str(ta.placements(a[i].placements)) ==
+          placements_str(tb.placements(b[i].placements)));
   }
 }
 
+// Every field of every record, compared as values (ids may differ between two pools).
 void require_same(const Trace& a, const Trace& b) {
   CHECK(a.rank == b.rank);
   CHECK(a.metadata == b.metadata);
@@ -64,43 +73,58 @@ void require_same(const Trace& a, const Trace& b) {
     REQUIRE(x.params.size() == y.params.size());
     for (std::size_t k = 0; k < x.params.size(); ++k) {
       CHECK(x.params[k].name == y.params[k].name);
-      CHECK(x.params[k].placements == y.params[k].placements);
+      CHECK(placements_str(a.placements(x.params[k].placements)) ==
+            placements_str(b.placements(y.params[k].placements)));
     }
+  }
+  const std::vector<Block> ba = a.block_list(), bb = b.block_list();
+  REQUIRE(ba.size() == bb.size());
+  for (std::size_t i = 0; i < ba.size(); ++i) {
+    CHECK(ba[i].first == bb[i].first);
+    CHECK(ba[i].count == bb[i].count);
+    CHECK(ba[i].iteration == bb[i].iteration);
+    CHECK(ba[i].repeat == bb[i].repeat);
   }
   REQUIRE(a.records.size() == b.records.size());
   for (std::size_t i = 0; i < a.records.size(); ++i) {
     INFO("record " << i);
-    const OpRecord& x = a.records[i];
-    const OpRecord& y = b.records[i];
-    CHECK(x.index == y.index);
+    const Record& x = a.records[i];
+    const Record& y = b.records[i];
     CHECK(x.kind == y.kind);
-    CHECK(x.name == y.name);
-    CHECK(x.overload == y.overload);
+    CHECK(a.name(x) == b.name(y));
+    CHECK(a.str(x.overload) == b.str(y.overload));
     CHECK(x.phase == y.phase);
     CHECK(x.module == y.module);
     CHECK(x.dtype == y.dtype);
-    require_same_tensors(x.inputs, y.inputs);
-    require_same_tensors(x.outputs, y.outputs);
+    require_same_args(a, a.inputs(x), b, b.inputs(y));
+    require_same_args(a, a.outputs(x), b, b.outputs(y));
     CHECK(x.sharded == y.sharded);
-    CHECK(x.mesh == y.mesh);
-    CHECK(x.reason == y.reason);
-    CHECK(x.time_s == y.time_s);  // exact: doubles round-trip through 17 digits
+    CHECK(mesh_of(a, x) == mesh_of(b, y));
+    CHECK(a.str(x.reason) == b.str(y.reason));
+    CHECK(x.start_s == y.start_s);  // exact: doubles round-trip in shortest form
+    CHECK(x.duration_s == y.duration_s);
     if (x.kind == EventKind::Collective) {
-      CHECK(x.collective.seq == y.collective.seq);
-      CHECK(x.collective.group == y.collective.group);
-      CHECK(x.collective.group_size == y.collective.group_size);
-      CHECK(x.collective.group_rank == y.collective.group_rank);
-      CHECK(x.collective.bytes == y.collective.bytes);
-      CHECK(x.collective.reduce_op == y.collective.reduce_op);
-      CHECK(x.collective.placements_before == y.collective.placements_before);
-      CHECK(x.collective.placements_after == y.collective.placements_after);
+      const CollectiveInfo& c = x.collective;
+      const CollectiveInfo& d = y.collective;
+      CHECK(c.op == d.op);
+      CHECK(c.seq == d.seq);
+      CHECK(c.seq_stride == d.seq_stride);
+      CHECK(a.str(c.group) == b.str(d.group));
+      CHECK(c.group_size == d.group_size);
+      CHECK(c.group_rank == d.group_rank);
+      CHECK(c.peer == d.peer);
+      CHECK(c.root == d.root);
+      CHECK(c.bytes == d.bytes);
+      CHECK(c.reduce_op == d.reduce_op);
+      CHECK(placements_str(a.placements(c.before)) == placements_str(b.placements(d.before)));
+      CHECK(placements_str(a.placements(c.after)) == placements_str(b.placements(d.after)));
     }
   }
 }
 
 // Runs f and returns the message of the Error it throws ("" when it throws nothing).
 template <typename F>
-std::string error_of(F f, ErrorCode code = ErrorCode::InvalidArgument) {
+std::string message_of(F f, ErrorCode code = ErrorCode::InvalidArgument) {
   try {
     f();
   } catch (const Error& e) {
@@ -111,7 +135,7 @@ std::string error_of(F f, ErrorCode code = ErrorCode::InvalidArgument) {
 }
 
 std::string text_of_toy_tp() {
-  static const std::string text = write_trace_json(run("toy", "tp", 4));
+  static const std::string text = trace_json_string(run("toy", "tp", 4));
   return text;
 }
 
@@ -128,115 +152,191 @@ TEST_CASE("trace json: round trip keeps every field", "[report][json]") {
   // The run exercises what the format must carry: collectives on both groups, GEMMs, both
   // passes, DTensor placements, parameters.
   bool dp = false, tp = false, backward = false, placements = false;
-  for (const OpRecord& r : traces[0].records) {
-    dp = dp || (r.kind == EventKind::Collective && r.collective.group == "dp");
-    tp = tp || (r.kind == EventKind::Collective && r.collective.group == "tp");
+  const Trace& t0 = traces[0];
+  for (const Record& r : t0.records) {
+    dp = dp || (r.kind == EventKind::Collective && t0.str(r.collective.group) == "dp");
+    tp = tp || (r.kind == EventKind::Collective && t0.str(r.collective.group) == "tp");
     backward = backward || r.phase == Phase::Backward;
-    for (const TensorMeta& m : r.inputs) placements = placements || !m.placements.empty();
+    for (const TensorArg& a : t0.inputs(r)) placements = placements || a.placements != 0;
   }
   REQUIRE(dp);
   REQUIRE(tp);
   REQUIRE(backward);
   REQUIRE(placements);
 
-  const std::string text = write_trace_json(traces);
+  for (bool pretty : {false, true}) {
+    const std::string text = trace_json_string(traces, pretty);
+    const std::vector<Trace> back = read_trace_json(text, "t.json");
+    REQUIRE(back.size() == traces.size());
+    for (std::size_t r = 0; r < traces.size(); ++r) require_same(traces[r], back[r]);
+    REQUIRE(trace_json_string(back, pretty) == text);
+  }
+  REQUIRE(trace_json_string(traces, true).size() > trace_json_string(traces).size());
+}
+
+TEST_CASE("trace json: repeated iterations are stored once", "[report][json]") {
+  const Trace one = run("toy", "tp", 4)[0];
+  TraceOptions o;
+  o.cfg.model = "toy";
+  o.cfg.plan = "tp";
+  o.cfg.world_size = 4;
+  o.iters = 50;
+  const std::vector<Trace> many = trace_run(o);
+  REQUIRE(many[0].blocks.size() == 1);
+  REQUIRE(many[0].blocks[0].repeat == 50);
+  REQUIRE(many[0].records.size() == one.records.size());
+  const std::string text = trace_json_string(many);
+  REQUIRE(text.size() < trace_json_string({one}).size() + 200);
   const std::vector<Trace> back = read_trace_json(text, "t.json");
-  REQUIRE(back.size() == traces.size());
-  for (std::size_t r = 0; r < traces.size(); ++r) require_same(traces[r], back[r]);
-  REQUIRE(write_trace_json(back) == text);
+  require_same(many[0], back[0]);
+  REQUIRE(back[0].event_count() == 50 * one.records.size());
 }
 
 TEST_CASE("trace json: layout of the document", "[report][json]") {
   const json j = json::parse(text_of_toy_tp());
   REQUIRE(j["schema"] == "commtrace.trace");
-  REQUIRE(j["version"] == "1.0");
+  REQUIRE(j["version"] == "2.0");
   REQUIRE(j["metadata"]["model"] == "toy");
   REQUIRE(j["metadata"]["iterations"] == "1");
   REQUIRE(j["metadata"]["world_size"] == "4");
   REQUIRE(j["ranks"].size() == 1);
   const json& rank = j["ranks"][0];
   REQUIRE(rank["rank"] == 0);
+  REQUIRE(rank["meshes"] == json::parse(R"([{"shape": [4], "dim_names": ["tp"], "named": false,
+                                             "device": "cpu"}])"));
   REQUIRE(rank["modules"][0]["fqn"] == "Global");
   REQUIRE(rank["modules"][0]["parent"] == -1);
   REQUIRE(rank["modules"][1]["fqn"] == "ToyModel");
-  int collectives = 0;
-  for (const json& r : rank["records"]) {
+  REQUIRE(rank["blocks"].size() == 1);
+  REQUIRE(rank["blocks"][0]["iteration"] == 0);
+  REQUIRE(rank["blocks"][0]["repeat"] == 1);
+  int collectives = 0, sharded = 0;
+  for (const json& r : rank["blocks"][0]["records"]) {
     REQUIRE(r["phase"].is_string());
     REQUIRE(r["dtype"] == "f32");
     REQUIRE(r.contains("collective") == (r["kind"] == "collective"));
+    REQUIRE(r["start_s"].is_number());
+    if (r.value("sharded", false)) {
+      ++sharded;
+      REQUIRE(r["mesh"] == 0);
+    }
     if (r["kind"] == "collective") {
       ++collectives;
       REQUIRE(r["name"] == "all_reduce");
+      REQUIRE(r["collective"]["op"] == "all_reduce");
       REQUIRE(r["collective"]["reduce_op"] == "sum");
       REQUIRE(r["collective"]["group"] == "tp");
       REQUIRE(r["collective"]["group_size"] == 4);
+      REQUIRE(r["collective"]["before"] == json::parse(R"j(["Partial(sum)"])j"));
+      REQUIRE(r["collective"]["after"] == json::parse(R"j(["Replicate()"])j"));
+      REQUIRE(r["inputs"][0]["shape"] == json::parse("[20, 5]"));
+      REQUIRE(r["inputs"][0]["placements"] == json::parse(R"j(["Partial(sum)"])j"));
     }
   }
   REQUIRE(collectives == 1);
+  REQUIRE(sharded > 0);
+}
+
+TEST_CASE("trace json: version 1.x files of earlier releases still load", "[report][json]") {
+  // The corpus's valid reference file is a 1.0 trace of toy tp at world 4.
+  const fs::path v1 = fs::path(COMMTRACE_TEST_DATA_DIR) / "bad" / "reference_trace.json.valid";
+  REQUIRE(json::parse(read_text_file(v1.string()))["version"] == "1.0");
+  const std::vector<Trace> old = load_traces(v1.string());
+  REQUIRE(old.size() == 1);
+  const Trace& t = old[0];
+  const Record* ar = nullptr;
+  const Record* addmm = nullptr;
+  for (const Record& r : t.records) {
+    if (r.kind == EventKind::Collective) ar = &r;
+    if (r.sharded && t.name(r) == "addmm") addmm = &r;
+  }
+  REQUIRE(ar != nullptr);
+  REQUIRE(ar->collective.op == Collective::AllReduce);
+  REQUIRE(placements_str(t.placements(ar->collective.before)) == "(Partial(sum),)");
+  REQUIRE(addmm != nullptr);
+  // 1.x meshes read "DeviceMesh((tp=4))": named dims.
+  REQUIRE(mesh_of(t, *addmm) == "DeviceMesh((4,), 'cpu', mesh_dim_names=('tp',), stride=(1,))");
+  REQUIRE(in_placements(t, *addmm, 0) == "(Shard(dim=1),)");
+  // Written back as 2.0 and read again: the same trace.
+  const std::vector<Trace> again = read_trace_json(trace_json_string(old), "again.json");
+  require_same(t, again[0]);
 }
 
 TEST_CASE("trace json: versions", "[report][json]") {
   json j = json::parse(text_of_toy_tp());
 
   SECTION("another major version is rejected with a clear message") {
-    j["version"] = "2.0";
-    REQUIRE(error_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
-            "t.json: trace version 2.0 is not supported (this build reads 1.x)");
+    j["version"] = "3.0";
+    REQUIRE(message_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
+            "t.json: trace version 3.0 is not supported (this build reads 1.x, 2.x)");
   }
   SECTION("a later minor version may add keys") {
-    j["version"] = "1.3";
+    j["version"] = "2.3";
     j["created_by"] = "a newer commtrace";
-    j["ranks"][0]["records"][0]["energy_j"] = 0.5;
+    j["ranks"][0]["blocks"][0]["records"][0]["energy_j"] = 0.5;
     const std::vector<Trace> t = read_trace_json(j.dump(), "t.json");
     REQUIRE(t.size() == 1);
-    REQUIRE(t[0].records.size() == json::parse(text_of_toy_tp())["ranks"][0]["records"].size());
+    REQUIRE(t[0].records.size() ==
+            json::parse(text_of_toy_tp())["ranks"][0]["blocks"][0]["records"].size());
   }
-  SECTION("version 1.0 holds only known keys") {
-    j["ranks"][0]["records"][2]["energy_j"] = 0.5;
-    REQUIRE(error_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
-            "t.json: ranks[0].records[2]: unknown key 'energy_j' (not in version 1.0)");
+  SECTION("version 2.0 holds only known keys") {
+    j["ranks"][0]["blocks"][0]["records"][2]["energy_j"] = 0.5;
+    REQUIRE(message_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
+            "t.json: ranks[0].blocks[0].records[2]: unknown key 'energy_j' (not in version 2.0)");
   }
   SECTION("a malformed version") {
-    j["version"] = "one";
-    REQUIRE(error_of([&] { read_trace_json(j.dump(), "t.json"); }).find("'one'") !=
-            std::string::npos);
+    for (const char* v : {"one", "1.banana", "2.", ".0", "2.0.1"}) {
+      j["version"] = v;
+      REQUIRE(message_of([&] {
+                read_trace_json(j.dump(), "t.json");
+              }).find(fmt::format("version '{}' is not of the form", v)) != std::string::npos);
+    }
   }
 }
 
 TEST_CASE("trace json: errors name the source and the JSON path", "[report][json]") {
   json j = json::parse(text_of_toy_tp());
-  json& records = j["ranks"][0]["records"];
+  json& records = j["ranks"][0]["blocks"][0]["records"];
   REQUIRE(records.size() > 4);
+  const std::string at = "t.json: ranks[0].blocks[0].records";
 
   SECTION("unknown enum name") {
     records[3]["phase"] = "sideways";
-    REQUIRE(error_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
-            "t.json: ranks[0].records[3].phase: unknown phase 'sideways'");
+    REQUIRE(message_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
+            at + "[3].phase: unknown phase 'sideways'");
   }
   SECTION("missing key") {
     records[1].erase("dtype");
-    REQUIRE(error_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
-            "t.json: ranks[0].records[1]: missing key 'dtype'");
+    REQUIRE(message_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
+            at + "[1]: missing key 'dtype'");
   }
   SECTION("mistyped field") {
     records[0]["inputs"][0]["shape"][0] = "twenty";
-    REQUIRE(error_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
-            "t.json: ranks[0].records[0].inputs[0].shape[0]: expected an integer, got string");
+    REQUIRE(message_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
+            at + "[0].inputs[0].shape[0]: expected an integer, got string");
   }
   SECTION("module index out of range") {
     records[4]["module"] = 99;
-    const std::string msg = error_of([&] { read_trace_json(j.dump(), "t.json"); });
-    REQUIRE(msg.find("t.json: ranks[0].records[4].module: module index 99 is out of range") == 0);
+    const std::string msg = message_of([&] { read_trace_json(j.dump(), "t.json"); });
+    REQUIRE(msg.find(at + "[4].module: 99 is out of range") == 0);
+  }
+  SECTION("mesh index out of range") {
+    std::size_t k = 0;
+    while (!records[k].contains("mesh")) ++k;
+    records[k]["mesh"] = 3;
+    REQUIRE(message_of([&] {
+              read_trace_json(j.dump(), "t.json");
+            }).find(fmt::format("{}[{}].mesh: 3 is out of range [0, 0]", at, k)) == 0);
   }
   SECTION("broken parent link") {
     j["ranks"][0]["modules"][2]["parent"] = 2;
-    REQUIRE(error_of([&] {
+    REQUIRE(message_of([&] {
               read_trace_json(j.dump(), "t.json");
             }).find("t.json: ranks[0].modules[2].parent") == 0);
   }
   SECTION("child missing from its parent's list") {
     j["ranks"][0]["modules"][1]["children"] = json::array();
-    REQUIRE(error_of([&] {
+    REQUIRE(message_of([&] {
               read_trace_json(j.dump(), "t.json");
             }).find("is missing from the children of its parent") != std::string::npos);
   }
@@ -244,33 +344,44 @@ TEST_CASE("trace json: errors name the source and the JSON path", "[report][json
     std::size_t gemm = 0;
     while (records[gemm]["kind"] != "gemm") ++gemm;
     records[gemm]["collective"] = json::object();
-    REQUIRE(error_of([&] {
+    REQUIRE(message_of([&] {
               read_trace_json(j.dump(), "t.json");
-            }).find(fmt::format("ranks[0].records[{}].collective", gemm)) != std::string::npos);
+            }).find(fmt::format("{}[{}].collective", at, gemm)) != std::string::npos);
   }
-  SECTION("negative counters") {
+  SECTION("negative counters, a repeat of zero, an unknown collective") {
     std::size_t c = 0;
     while (records[c]["kind"] != "collective") ++c;
-    records[c]["collective"]["bytes"] = -400;
-    REQUIRE(
-        error_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
-        fmt::format("t.json: ranks[0].records[{}].collective.bytes: -400 must not be negative", c));
+    json neg = j;
+    neg["ranks"][0]["blocks"][0]["records"][c]["collective"]["bytes"] = -400;
+    REQUIRE(message_of([&] { read_trace_json(neg.dump(), "t.json"); }) ==
+            fmt::format("{}[{}].collective.bytes: -400 must not be negative", at, c));
+    json zero = j;
+    zero["ranks"][0]["blocks"][0]["repeat"] = 0;
+    REQUIRE(message_of([&] { read_trace_json(zero.dump(), "t.json"); }) ==
+            "t.json: ranks[0].blocks[0].repeat: a block repeats at least once");
+    json op = j;
+    op["ranks"][0]["blocks"][0]["records"][c]["collective"]["op"] = "allreduce";
+    REQUIRE(message_of([&] { read_trace_json(op.dump(), "t.json"); }) ==
+            fmt::format("{}[{}].collective.op: unknown collective 'allreduce'", at, c));
   }
-  SECTION("not JSON, wrong schema") {
-    REQUIRE(error_of([] { read_trace_json("{\"schema\": ", "t.json"); })
+  SECTION("not JSON, wrong schema, too deep") {
+    REQUIRE(message_of([] { read_trace_json("{\"schema\": ", "t.json"); })
                 .find("t.json: not valid "
                       "JSON") == 0);
-    REQUIRE(error_of([] { read_trace_json("[1, 2]", "t.json"); }).find("t.json:") == 0);
-    REQUIRE(error_of([] {
+    REQUIRE(message_of([] { read_trace_json("[1, 2]", "t.json"); }).find("t.json:") == 0);
+    REQUIRE(message_of([] {
               read_trace_json(R"({"schema": "commtrace.baseline", "version": "1.0"})", "t.json");
             }) == "t.json: schema is 'commtrace.baseline', expected 'commtrace.trace'");
+    const std::string deep = "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+    REQUIRE(message_of([&] { read_trace_json(deep, "deep.json"); }) ==
+            "deep.json: JSON nested deeper than 64 levels");
   }
 }
 
 TEST_CASE("trace json: files", "[report][json]") {
   const fs::path p = temp_path("trace.json");
   const std::vector<Trace> traces = run("toy", "tp", 4, {0, 3});
-  write_file(p.string(), write_trace_json(traces));
+  write_trace_file(p.string(), traces);
   const std::vector<Trace> back = load_traces(p.string());
   REQUIRE(back.size() == 2);
   REQUIRE(back[1].rank == 3);
@@ -278,14 +389,49 @@ TEST_CASE("trace json: files", "[report][json]") {
   fs::remove(p);
 
   const std::string missing = (fs::temp_directory_path() / "commtrace_no_such_dir/x.json").string();
-  const std::string msg = error_of([&] { read_file(missing); }, ErrorCode::Io);
+  const std::string msg = message_of([&] { read_text_file(missing); }, ErrorCode::Io);
   REQUIRE(msg.find(missing) != std::string::npos);
   REQUIRE(msg.find("No such file or directory") != std::string::npos);
-  REQUIRE(error_of([&] { load_traces(missing); }, ErrorCode::Io).find(missing) !=
+  REQUIRE(message_of([&] { load_traces(missing); }, ErrorCode::Io).find(missing) !=
           std::string::npos);
-  REQUIRE(error_of([&] { write_file(missing, "x"); }, ErrorCode::Io).find(missing) !=
+  REQUIRE(message_of([&] { write_text_file(missing, "x"); }, ErrorCode::Io).find(missing) !=
           std::string::npos);
-  REQUIRE(!error_of([&] { read_file(fs::temp_directory_path().string()); }, ErrorCode::Io).empty());
+  REQUIRE(!message_of([&] { read_text_file(fs::temp_directory_path().string()); }, ErrorCode::Io)
+               .empty());
+}
+
+TEST_CASE("trace json: a failed write leaves the previous file intact", "[report][json]") {
+  const fs::path p = temp_path("kept.json");
+  write_text_file(p.string(), "previous contents\n");
+  {
+    // Abandoned before commit: the target is untouched and no temporary file remains.
+    AtomicFile f(p.string());
+    f.write("half a trace");
+  }
+  REQUIRE(read_text_file(p.string()) == "previous contents\n");
+  // A file-size limit makes the write fail half-way (in a child process: the limit is global).
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{4096, 4096};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    try {
+      write_trace_file(p.string(), toy_sp_2x2());
+    } catch (const Error& e) {
+      ::_exit(e.code() == ErrorCode::Io ? 3 : 4);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 3);
+  REQUIRE(read_text_file(p.string()) == "previous contents\n");
+  for (const auto& e : fs::directory_iterator(p.parent_path())) {
+    REQUIRE(e.path().filename().string().rfind(p.filename().string() + ".tmp", 0) != 0);
+  }
+  fs::remove(p);
 }
 
 // Every file of tests/report/data/bad must throw Error: trace_*.json through load_traces,
@@ -298,7 +444,8 @@ TEST_CASE("bad inputs: every file of the corpus throws Error", "[report][json][b
   // The valid files the bad ones were derived from load: each bad file fails for its own reason.
   REQUIRE(load_traces((dir / "reference_trace.json.valid").string()).size() == 1);
   REQUIRE(
-      check_baseline(toy, read_file((dir / "reference_baseline.json.valid").string()), "ref").ok);
+      check_baseline(toy, read_text_file((dir / "reference_baseline.json.valid").string()), "ref")
+          .ok);
   int traces = 0, baselines = 0;
   for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
@@ -312,7 +459,7 @@ TEST_CASE("bad inputs: every file of the corpus throws Error", "[report][json][b
         load_traces(e.path().string());
       } else if (name.rfind("baseline_", 0) == 0) {
         ++baselines;
-        check_baseline(toy, read_file(e.path().string()), name);
+        check_baseline(toy, read_text_file(e.path().string()), name);
       } else {
         FAIL("corpus files are named trace_*.json or baseline_*.json");
       }

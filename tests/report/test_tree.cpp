@@ -24,9 +24,9 @@ Trace toy(const char* plan, int iters = 1) {
 
 TEST_CASE("tree: collectives per module and phase, rolled up", "[report][tree]") {
   const std::string t = render_tree(toy("sp"), TreeOptions{});
-  REQUIRE(contains(t, "Global\n  forward\n    all_gather      ×1      3.1 KiB  tp(4)\n"));
+  REQUIRE(contains(t, "Global\n  forward\n    all_gather      ×1     3.12 KiB  tp(4)\n"));
   REQUIRE(contains(t, "    ToyModel.in_proj  (Linear)\n      forward\n        all_gather"));
-  REQUIRE(contains(t, "      backward\n        all_gather      ×1      1.6 KiB  tp(4)"));
+  REQUIRE(contains(t, "      backward\n        all_gather      ×1     1.56 KiB  tp(4)"));
   REQUIRE_FALSE(contains(t, "why:"));        // reasons only with explain or noise >= 1
   REQUIRE_FALSE(contains(t, "aten.addmm"));  // ops only at noise >= 1
 }
@@ -69,6 +69,6 @@ TEST_CASE("summary: per iteration, with busbw factors", "[report][tree]") {
   REQUIRE(contains(s, "forward    all_reduce      tp        4       1        400 B         1.500"));
   const std::string sp = render_summary(toy("sp"));
   REQUIRE(
-      contains(sp, "forward    all_gather      tp        4       1      3.1 KiB         0.750"));
+      contains(sp, "forward    all_gather      tp        4       1     3.12 KiB         0.750"));
   REQUIRE(contains(sp, "total                                        3"));
 }

@@ -1,14 +1,33 @@
-// The tracer core on its own: the module tree, phases, scopes and activation.
+// The tracer core on its own: the module tree, phases, scopes and activation, interning,
+// iteration folding and the clock.
+#include <thread>
+
 #include "tests/catch_compat.h"
 #include "tracer/tracer.h"
 
 using namespace commtrace;
 
 namespace {
-OpRecord op(const char* name) {
-  OpRecord r;
-  r.name = name;
-  return r;
+void op(Tracer& tr, const char* name, std::uint64_t start = 0) {
+  EventView e;
+  e.name = name;
+  tr.record(e, start);
+}
+
+// A collective record with one input of `shape` at sequence number seq.
+void coll(Tracer& tr, Collective c, std::uint64_t seq, std::span<const std::int64_t> shape) {
+  const ArgView in{shape, {}, {}};
+  EventView e;
+  e.kind = EventKind::Collective;
+  e.name = collective_name(c);
+  e.inputs = {&in, 1};
+  CollectiveView v;
+  v.op = c;
+  v.seq = seq;
+  v.group = "tp";
+  v.group_size = 2;
+  v.bytes = 16;
+  tr.finish(tr.begin(e, &v));
 }
 }  // namespace
 
@@ -19,18 +38,18 @@ TEST_CASE("module scopes build the FQN tree under Global", "[tracer]") {
     ModuleScope root("M", "MLPModule");
     {
       ModuleScope a("M.net1", "Linear");
-      Tracer::current()->record(op("addmm"));
+      op(tr, "addmm");
     }
     {
       ModuleScope b("M.net2", "Linear");
-      Tracer::current()->record(op("addmm"));
+      op(tr, "addmm");
     }
     {
       ModuleScope a_again("M.net1", "Linear");  // reuse: the same node, not a new one
-      Tracer::current()->record(op("mm"));
+      op(tr, "mm");
     }
   }
-  const Trace& t = tr.trace();
+  const Trace t = tr.take();
   REQUIRE(t.rank == 3);
   REQUIRE(t.modules.size() == 4);
   REQUIRE(t.modules[0].fqn == "Global");
@@ -42,7 +61,8 @@ TEST_CASE("module scopes build the FQN tree under Global", "[tracer]") {
   REQUIRE(t.records[0].module == 2);
   REQUIRE(t.records[1].module == 3);
   REQUIRE(t.records[2].module == 2);
-  REQUIRE(t.records[2].index == 2);
+  REQUIRE(t.name(t.records[2]) == "mm");
+  REQUIRE(t.records[0].name == t.records[1].name);  // interned once
   REQUIRE(t.is_within(2, 1));
   REQUIRE(t.is_within(2, 0));
   REQUIRE_FALSE(t.is_within(2, 3));
@@ -60,25 +80,26 @@ TEST_CASE("phases and attribution scopes stamp records", "[tracer]") {
   }
   {
     PhaseScope p(Phase::Optimizer);
-    tr.record(op("step"));
+    op(tr, "step");
   }
   REQUIRE(tr.phase() == Phase::Forward);
   {
     AttributionScope a(&tr, net, Phase::Backward);
-    tr.record(op("mm"));
+    op(tr, "mm");
   }
   {
     Tracer other;
     AttributionScope foreign(&other, net, Phase::Backward);  // another tracer's module: Global
-    tr.record(op("add"));
+    op(tr, "add");
   }
-  const auto& r = tr.trace().records;
+  REQUIRE(tr.current_module() == 0);
+  const Trace t = tr.take();
+  const auto& r = t.records;
   REQUIRE(r[0].phase == Phase::Optimizer);
   REQUIRE(r[0].module == 0);
   REQUIRE(r[1].phase == Phase::Backward);
-  REQUIRE(r[1].module == net);
+  REQUIRE(int(r[1].module) == net);
   REQUIRE(r[2].module == 0);
-  REQUIRE(tr.current_module() == 0);
 }
 
 TEST_CASE("activation nests and restores; no tracer means no recording", "[tracer]") {
@@ -104,14 +125,118 @@ TEST_CASE("take() moves the trace out and resets", "[tracer]") {
   TracerActivation on(tr);
   {
     ModuleScope m("M", "T");
-    tr.record(op("mm"));
+    op(tr, "mm");
   }
   Trace t = tr.take();
   REQUIRE(t.records.size() == 1);
   REQUIRE(t.rank == 1);
-  REQUIRE(tr.trace().records.empty());
-  REQUIRE(tr.trace().modules.size() == 1);
-  REQUIRE(tr.trace().rank == 1);
+  REQUIRE(tr.record_count() == 0);
+  REQUIRE(tr.module_count() == 1);
+  REQUIRE(tr.take().rank == 1);
+}
+
+TEST_CASE("records intern shapes, placements, meshes and strings", "[tracer]") {
+  Tracer tr;
+  const Shape local{2, 8}, global{8, 8};
+  const std::vector<Placement> pl{Placement::shard(0)};
+  const MeshInfo mesh{{4}, {"tp"}, false, Device::CPU};
+  const ArgView sharded{local, global, pl};
+  const ArgView plain{global, {}, {}};
+  for (int i = 0; i < 3; ++i) {
+    EventView e;
+    e.kind = EventKind::Gemm;
+    e.name = "mm";
+    e.sharded = true;
+    e.mesh = &mesh;
+    e.reason = "why";
+    const ArgView ins[] = {sharded, plain};
+    e.inputs = ins;
+    tr.record(e, tr.now());
+  }
+  const Trace t = tr.take();
+  REQUIRE(t.records.size() == 3);
+  REQUIRE(t.pools.mesh_count() == 1);
+  REQUIRE(mesh_str(t.pools.mesh(t.records[2].mesh)) == "DeviceMesh((4,), 'cpu', stride=(1,))");
+  const auto in = t.inputs(t.records[1]);
+  REQUIRE(in.size() == 2);
+  REQUIRE(shape_str(t.shape(in[0].shape)) == "[2, 8]");
+  REQUIRE(shape_str(t.shape(in[0].global_shape)) == "[8, 8]");
+  REQUIRE(placements_str(t.placements(in[0].placements)) == "(Shard(dim=0),)");
+  REQUIRE(in[1].shape == in[0].global_shape);  // one id per distinct shape
+  REQUIRE(in[1].placements == 0);
+  REQUIRE(t.str(t.records[0].reason) == "why");
+  REQUIRE(t.records[0].duration_s >= 0.0);
+  // Four distinct strings ("", mm, default, why) however many records.
+  REQUIRE(t.pools.string_count() == 4);
+}
+
+TEST_CASE("identical iterations fold into one block with a repeat count", "[tracer]") {
+  Tracer tr;
+  TracerActivation on(tr);
+  const Shape s{4};
+  std::uint64_t seq = 0;
+  for (int it = 0; it < 5; ++it) {
+    if (it == 2) op(tr, "extra");  // iteration 2 differs
+    op(tr, "relu");
+    coll(tr, Collective::AllReduce, seq++, s);
+    coll(tr, Collective::AllGather, seq++, s);
+    tr.next_iteration();
+  }
+  const Trace t = tr.take();
+  // Iterations 0-1 fold; 2 differs; 3-4 fold (seq strides 2).
+  REQUIRE(t.blocks.size() == 3);
+  REQUIRE(t.blocks[0].iteration == 0);
+  REQUIRE(t.blocks[0].repeat == 2);
+  REQUIRE(t.blocks[1].iteration == 2);
+  REQUIRE(t.blocks[1].repeat == 1);
+  REQUIRE(t.blocks[2].iteration == 3);
+  REQUIRE(t.blocks[2].repeat == 2);
+  REQUIRE(t.records.size() == 3 + 4 + 3);
+  REQUIRE(t.event_count() == 3 * 2 + 4 + 3 * 2);
+  REQUIRE(t.records[1].collective.seq_stride == 2);
+  std::vector<std::uint64_t> seqs;
+  t.for_each_event([&](const Record& r, std::uint64_t q) {
+    if (r.kind == EventKind::Collective) seqs.push_back(q);
+  });
+  REQUIRE(seqs == std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+}
+
+TEST_CASE("iterations whose sequence numbers do not advance evenly are kept apart", "[tracer]") {
+  Tracer tr;
+  const Shape s{4};
+  for (std::uint64_t seq : {0, 1, 5}) {  // strides 1, then 4
+    coll(tr, Collective::AllReduce, seq, s);
+    tr.next_iteration();
+  }
+  const Trace t = tr.take();
+  REQUIRE(t.blocks.size() == 2);
+  REQUIRE(t.blocks[0].repeat == 2);
+  REQUIRE(t.blocks[1].repeat == 1);
+}
+
+TEST_CASE("a long run keeps the memory of one iteration", "[tracer]") {
+  Tracer tr;
+  const Shape s{16, 16};
+  std::size_t after_two = 0;
+  for (int it = 0; it < 1000; ++it) {
+    for (int k = 0; k < 50; ++k) op(tr, "relu");
+    coll(tr, Collective::AllReduce, std::uint64_t(it), s);
+    tr.next_iteration();
+    if (it == 1) after_two = tr.memory_bytes();
+  }
+  REQUIRE(tr.record_count() == 51);
+  REQUIRE(tr.memory_bytes() == after_two);
+}
+
+TEST_CASE("the clock converts to seconds", "[tracer]") {
+  Tracer tr;
+  const std::uint64_t start = tr.now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  op(tr, "sleep", start);
+  const Trace t = tr.take();
+  REQUIRE(t.records[0].duration_s > 0.015);
+  REQUIRE(t.records[0].duration_s < 1.0);
+  REQUIRE(t.records[0].start_s >= 0.0);
 }
 
 TEST_CASE("serialized enum names round-trip", "[tracer]") {
@@ -125,5 +250,54 @@ TEST_CASE("serialized enum names round-trip", "[tracer]") {
   for (ReduceOp r : {ReduceOp::None, ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
     REQUIRE(parse_reduce_op(reduce_op_name(r)) == r);
   }
+  for (int i = 0; i < kCollectiveCount; ++i) {
+    const Collective c = Collective(i);
+    REQUIRE(parse_collective(collective_name(c)) == c);
+    REQUIRE(parse_collective(collective_spec(c).torch_name) == c);
+  }
+  REQUIRE(parse_collective("c10d.allreduce_") == Collective::AllReduce);
+  REQUIRE(find_collective("allreduce") == nullptr);
   REQUIRE_THROWS_AS(parse_phase("sideways"), Error);
+}
+
+TEST_CASE("the collective table: bytes, buffers and busbw factors", "[tracer]") {
+  REQUIRE(busbw_factor(Collective::AllReduce, 4) == 1.5);
+  REQUIRE(busbw_factor(Collective::AllReduce, 1) == 0.0);
+  REQUIRE(busbw_factor(Collective::AllGather, 4) == 0.75);
+  REQUIRE(busbw_factor(Collective::ReduceScatter, 2) == 0.5);
+  REQUIRE(busbw_factor(Collective::AllToAll, 8) == 0.875);
+  REQUIRE(busbw_factor(Collective::Broadcast, 4) == 1.0);
+  REQUIRE(busbw_factor(Collective::Send, 2) == 1.0);
+  REQUIRE(busbw_factor(Collective::Recv, 2) == 1.0);
+  REQUIRE(busbw_factor(Collective::Barrier, 4) == 0.0);
+  REQUIRE_THROWS_AS(busbw_factor(Collective::AllReduce, 0), Error);
+  REQUIRE(collective_spec(Collective::AllGather).bytes == ByteSource::Output);
+  REQUIRE(collective_spec(Collective::ReduceScatter).bytes == ByteSource::Input);
+  REQUIRE(collective_spec(Collective::Send).p2p);
+  REQUIRE(collective_spec(Collective::Broadcast).rooted);
+  REQUIRE(collective_spec(Collective::AllToAll).buffers == BufferRule::Exchange);
+}
+
+TEST_CASE("placements and meshes render as PyTorch and parse back", "[tracer]") {
+  const std::vector<Placement> p{Placement::shard(0), Placement::replicate(),
+                                 Placement::partial(ReduceOp::Avg)};
+  REQUIRE(placements_str(p) == "(Shard(dim=0), Replicate(), Partial(avg))");
+  REQUIRE(parse_placements(placements_str(p)) == p);
+  REQUIRE(parse_placements("(Replicate(),)") == std::vector<Placement>{Placement::replicate()});
+  REQUIRE(parse_placements("").empty());
+  REQUIRE(parse_placement("S(0)") == Placement::shard(0));
+  REQUIRE(parse_placement("Shard(dim=-1)") == Placement::shard(-1));
+  REQUIRE_THROWS_AS(parse_placement("Shard(x)"), Error);
+  const MeshInfo m2{{2, 4}, {"dp", "tp"}, true, Device::CPU};
+  const std::string s2 = mesh_str(m2);
+  REQUIRE(s2 == "DeviceMesh((2, 4), 'cpu', mesh_dim_names=('dp', 'tp'), stride=(4, 1))");
+  REQUIRE(parse_mesh_str(s2) == m2);
+  const MeshInfo m1{{4}, {"tp"}, false, Device::CPU};
+  REQUIRE(parse_mesh_str(mesh_str(m1)) == m1);
+  const MeshInfo m3{{2, 2, 2}, {"dp", "sp", "tp"}, true, Device::CUDA};
+  REQUIRE(parse_mesh_str(mesh_str(m3)) == m3);
+  REQUIRE(parse_mesh_str("DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('a', 'b'))") ==
+          MeshInfo{{2, 2}, {"a", "b"}, true, Device::CPU});
+  REQUIRE_THROWS_AS(parse_mesh_str("DeviceMesh((4,)"), Error);
+  REQUIRE_THROWS_AS(parse_mesh_str("Mesh((4,), 'cpu')"), Error);
 }
