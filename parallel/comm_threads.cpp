@@ -15,7 +15,8 @@
 // shared-memory form of reduce_scatter + all_gather). Each element is read n times and written n
 // times in all, the work is spread over the ranks, no scratch buffer is needed (chunk r of every
 // tensor is touched by rank r only, so in-place is safe), and one rank computes each element, so
-// every rank gets the same bits. reduce_scatter is the same with one output.
+// every rank gets the same bits. reduce_scatter is the same with one output. The arithmetic is
+// the CPU kernels' reduce (kernels/backend.h), which combines the sources in the order given.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -25,6 +26,7 @@
 #include <map>
 #include <mutex>
 
+#include "kernels/backend.h"
 #include "parallel/comm_backend.h"
 
 namespace commtrace {
@@ -96,78 +98,6 @@ std::string rank_set(const std::vector<int>& ranks) {
 }
 
 // ---- data steps ----
-
-template <class T>
-struct Acc {
-  using type = T;
-  static T load(T v) { return v; }
-  static T store(T v) { return v; }
-};
-template <>
-struct Acc<BF16> {  // bf16 reduces in float
-  using type = float;
-  static float load(BF16 v) { return bf16_to_float(v); }
-  static BF16 store(float v) { return float_to_bf16(v); }
-};
-
-// dsts[d][i] = reduce over j = 0..n-1 (in that order) of srcs[j][i], for i in [begin, end).
-// Reads a block of every source before writing it, so a dst may alias a src.
-template <class T>
-void reduce_range(const std::vector<const T*>& srcs, const std::vector<T*>& dsts,
-                  std::int64_t begin, std::int64_t end, ReduceOp op) {
-  using A = typename Acc<T>::type;
-  constexpr std::int64_t kBlock = 1024;
-  A acc[kBlock];
-  const std::size_t n = srcs.size();
-  for (std::int64_t b = begin; b < end; b += kBlock) {
-    const std::int64_t len = std::min(kBlock, end - b);
-    const T* s0 = srcs[0] + b;
-    for (std::int64_t k = 0; k < len; ++k) acc[k] = Acc<T>::load(s0[k]);
-    for (std::size_t j = 1; j < n; ++j) {
-      const T* s = srcs[j] + b;
-      if (op == ReduceOp::Max) {
-        for (std::int64_t k = 0; k < len; ++k) {
-          const A v = Acc<T>::load(s[k]);
-          acc[k] = v > acc[k] ? v : acc[k];
-        }
-      } else {
-        for (std::int64_t k = 0; k < len; ++k) acc[k] += Acc<T>::load(s[k]);
-      }
-    }
-    if (op == ReduceOp::Avg) {
-      const A count = A(n);
-      for (std::int64_t k = 0; k < len; ++k) acc[k] /= count;
-    }
-    for (T* d : dsts) {
-      T* out = d + b;
-      for (std::int64_t k = 0; k < len; ++k) out[k] = Acc<T>::store(acc[k]);
-    }
-  }
-}
-
-// Untyped entry: srcs/dsts are element pointers of dtype dt.
-void reduce_range(DType dt, const std::vector<const void*>& srcs, const std::vector<void*>& dsts,
-                  std::int64_t begin, std::int64_t end, ReduceOp op) {
-  auto run = [&](auto tag) {
-    using T = decltype(tag);
-    std::vector<const T*> s;
-    std::vector<T*> d;
-    for (const void* p : srcs) s.push_back(static_cast<const T*>(p));
-    for (void* p : dsts) d.push_back(static_cast<T*>(p));
-    reduce_range<T>(s, d, begin, end, op);
-  };
-  switch (dt) {
-    case DType::F32:
-      return run(float{});
-    case DType::F64:
-      return run(double{});
-    case DType::BF16:
-      return run(BF16{});
-    case DType::I64:
-      return run(std::int64_t{});
-  }
-  throw Error(ErrorCode::Internal, "threads: unknown dtype in a reduction");
-}
 
 const char* byte_ptr(const void* p, std::int64_t offset) {
   return static_cast<const char*>(p) + offset;
@@ -253,7 +183,9 @@ class ThreadsCommunicator final : public Communicator {
                    if (r >= n) return n_elems;
                    return std::min(n_elems, (n_elems * r / n) / 64 * 64);
                  };
-                 reduce_range(dt, ins, outs, bound(rank()), bound(rank() + 1), op);
+                 kernels_for(Device::CPU)
+                     .reduce(dt, op, ins.data(), n, outs.data(), n, bound(rank()),
+                             bound(rank() + 1));
                });
   }
 
@@ -277,7 +209,8 @@ class ThreadsCommunicator final : public Communicator {
                [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
                  std::vector<const void*> srcs;
                  for (const void* p : ins) srcs.push_back(byte_ptr(p, offset));
-                 reduce_range(dt, srcs, {dst}, 0, chunk, op);
+                 kernels_for(Device::CPU).reduce(dt, op, srcs.data(), int(srcs.size()), &dst, 1,
+                                                 0, chunk);
                });
   }
 

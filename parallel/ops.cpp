@@ -4,7 +4,7 @@
 #include <optional>
 #include <tuple>
 
-#include "kernels/cpu.h"
+#include "kernels/backend.h"
 #include "parallel/autograd.h"
 #include "parallel/sharding.h"
 #include "tracer/tracer.h"
@@ -14,47 +14,25 @@ namespace commtrace {
 using detail::dispatch;
 using detail::normalize_dim;
 using detail::OpDef;
-using detail::run_kernels;
 using detail::Transposed;
 using i64 = std::int64_t;
 
 namespace {
 
-// Calls f(T{}) with T = double for f64 and float otherwise (bf16 arrives widened to f32).
-template <class F>
-void by_float(DType dt, F&& f) {
-  COMMTRACE_CHECK(is_floating(dt), ErrorCode::InvalidArgument, "expected a floating tensor, got {}",
-                  dtype_name(dt));
-  if (dt == DType::F64) {
-    f(double{});
-  } else {
-    f(float{});
-  }
-}
-
-// For data movement only (layout ops): i64 moves as its 8 bytes through the double kernels.
-template <class F>
-void by_storage(DType dt, F&& f) {
-  if (dt == DType::F64 || dt == DType::I64) {
-    f(double{});
-  } else {
-    by_float(dt, f);
-  }
-}
-
 Tensor empty_as(const Shape& shape, const Tensor& like) {
   return Tensor::empty(shape, like.dtype(), like.device());
 }
 
-// A plain conversion outside the dispatcher (bf16 widening inside dispatch itself).
+// A plain conversion outside the dispatcher.
 Tensor convert_untraced(const Tensor& x, DType dt) {
   Tensor out = Tensor::empty(x.shape(), dt, x.device());
-  if (run_kernels(x.device())) {
-    cpu::convert(x.raw_data(dtype_size(x.dtype())), x.dtype(), out.raw_data(dtype_size(dt)), dt,
-                 x.numel());
-  }
+  kernels_for(x.device()).convert(x.data_ptr(), x.dtype(), out.data_ptr(), dt, x.numel());
   return out;
 }
+
+// The device buffer of an optional input (null when undefined).
+void* data_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+const i64* index_data(const Tensor& t) { return static_cast<const i64*>(t.data_ptr()); }
 
 void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
   COMMTRACE_CHECK(a.dtype() == b.dtype(), ErrorCode::InvalidArgument,
@@ -99,28 +77,24 @@ const ShardingRule& nonlinear_pointwise() {
 }
 
 // add and sub are linear in their inputs (Partial + Partial stays Partial); mul and div not.
-Tensor binary_op(cpu::BinaryOp op, const OpDef& def, const Tensor& a, const Tensor& b) {
+Tensor binary_op(BinaryOp op, const OpDef& def, const Tensor& a, const Tensor& b) {
   check_same_dtype(a, b, def.name);
   broadcast_shapes(a.shape(), b.shape(), def.name);
-  const bool linear = op == cpu::BinaryOp::Add || op == cpu::BinaryOp::Sub;
+  const bool linear = op == BinaryOp::Add || op == BinaryOp::Sub;
   return dispatch(
       def, {a, b},
       [op, name = def.name](const std::vector<Tensor>& in) {
         const Shape shape = broadcast_shapes(in[0].shape(), in[1].shape(), name);
         Tensor out = empty_as(shape, in[0]);
-        if (run_kernels(out.device())) {
-          by_float(out.dtype(), [&](auto tag) {
-            using T = decltype(tag);
-            cpu::binary<T>(op, in[0].data<T>(), in[0].shape(), in[1].data<T>(), in[1].shape(),
-                           out.data<T>(), shape);
-          });
-        }
+        kernels_for(out.device())
+            .binary(out.dtype(), op, in[0].data_ptr(), in[0].shape(), in[1].data_ptr(),
+                    in[1].shape(), out.data_ptr(), shape);
         return out;
       },
       {}, linear ? &linear_pointwise() : &nonlinear_pointwise());
 }
 
-// Elementwise op with a kernel(tag, inputs, out) writing an output shaped like input 0.
+// Elementwise op with a kernel(kernels, inputs, out) writing an output shaped like input 0.
 template <class K>
 Tensor unary_op(const OpDef& def, const std::vector<Tensor>& inputs, K kernel,
                 const ShardingRule* rule) {
@@ -128,9 +102,7 @@ Tensor unary_op(const OpDef& def, const std::vector<Tensor>& inputs, K kernel,
       def, inputs,
       [kernel](const std::vector<Tensor>& in) {
         Tensor out = empty_as(in[0].shape(), in[0]);
-        if (run_kernels(out.device())) {
-          by_float(out.dtype(), [&](auto tag) { kernel(tag, in, out); });
-        }
+        kernel(kernels_for(out.device()), in, out);
         return out;
       },
       {}, rule);
@@ -147,19 +119,6 @@ std::pair<i64, i64> rows_cols(const Tensor& x) {
 
 namespace detail {
 
-bool run_kernels(Device d) {
-  switch (d) {
-    case Device::CPU:
-      return true;
-    case Device::Meta:
-      return false;
-    case Device::CUDA:
-      break;
-  }
-  throw Error(ErrorCode::Unsupported,
-              "cuda: this build has no CUDA kernels yet (the CUDA backend is a later issue)");
-}
-
 int normalize_dim(int dim, int rank, const char* op) {
   const int r = std::max(rank, 1);
   COMMTRACE_CHECK(dim >= -r && dim < r, ErrorCode::InvalidArgument,
@@ -174,7 +133,6 @@ Tensor dispatch(const OpDef& op, const std::vector<Tensor>& inputs, const Comput
       return dispatch_dtensor(op, inputs, compute, transposed, rule);
     }
   }
-  bool has_bf16 = false;
   const Tensor* first = nullptr;
   for (const Tensor& t : inputs) {
     if (!t.defined()) continue;
@@ -185,23 +143,11 @@ Tensor dispatch(const OpDef& op, const std::vector<Tensor>& inputs, const Comput
     } else {
       first = &t;
     }
-    has_bf16 = has_bf16 || t.dtype() == DType::BF16;
   }
   Tracer* tracer = Tracer::current();
   const std::uint64_t start = tracer ? tracer->now() : 0;
 
-  Tensor out;
-  if (has_bf16 && op.widen_bf16) {
-    std::vector<Tensor> wide;
-    wide.reserve(inputs.size());
-    for (const Tensor& t : inputs) {
-      wide.push_back(t.defined() && t.dtype() == DType::BF16 ? convert_untraced(t, DType::F32) : t);
-    }
-    out = compute(wide);
-    if (out.dtype() == DType::F32) out = convert_untraced(out, DType::BF16);
-  } else {
-    out = compute(inputs);
-  }
+  Tensor out = compute(inputs);
 
   // A local shard keeps its origin through ops that keep its shape (relu, gelu, dropout, ...).
   if (first && first->impl()->origin && out.shape() == first->shape() && !out.impl()->origin) {
@@ -241,7 +187,7 @@ const ShardingRule& like_rule() {
 }  // namespace
 
 Tensor ones_like(const Tensor& x) {
-  static const OpDef def{"ones_like", "default", EventKind::Compute, false};
+  static const OpDef def{"ones_like", "default", EventKind::Compute};
   return dispatch(
       def, {x},
       [](const std::vector<Tensor>& in) {
@@ -251,7 +197,7 @@ Tensor ones_like(const Tensor& x) {
 }
 
 Tensor zeros_like(const Tensor& x) {
-  static const OpDef def{"zeros_like", "default", EventKind::Compute, false};
+  static const OpDef def{"zeros_like", "default", EventKind::Compute};
   return dispatch(
       def, {x},
       [](const std::vector<Tensor>& in) {
@@ -261,7 +207,7 @@ Tensor zeros_like(const Tensor& x) {
 }
 
 Tensor clone(const Tensor& x) {
-  static const OpDef def{"clone", "default", EventKind::Compute, false};
+  static const OpDef def{"clone", "default", EventKind::Compute};
   Tensor out = dispatch(
       def, {x},
       [](const std::vector<Tensor>& in) { return convert_untraced(in[0], in[0].dtype()); }, {},
@@ -271,7 +217,7 @@ Tensor clone(const Tensor& x) {
 }
 
 Tensor to_dtype(const Tensor& x, DType dtype) {
-  static const OpDef def{"_to_copy", "default", EventKind::Compute, false};
+  static const OpDef def{"_to_copy", "default", EventKind::Compute};
   Tensor out = dispatch(
       def, {x}, [dtype](const std::vector<Tensor>& in) { return convert_untraced(in[0], dtype); },
       {}, &linear_pointwise());
@@ -364,7 +310,7 @@ ShardingRule view_rule(const Shape& in_shape, const Shape& out_shape) {
 }  // namespace
 
 Tensor view(const Tensor& x, Shape shape) {
-  static const OpDef def{"view", "default", EventKind::Trivial, false};
+  static const OpDef def{"view", "default", EventKind::Trivial};
   int infer = -1;
   i64 known = 1;
   for (std::size_t i = 0; i < shape.size(); ++i) {
@@ -411,15 +357,11 @@ Tensor transpose_impl(const Tensor& x, int d0, int d1, const OpDef& def) {
         Shape shape = in[0].shape();
         std::swap(shape[std::size_t(d0)], shape[std::size_t(d1)]);
         Tensor o = empty_as(shape, in[0]);
-        if (run_kernels(o.device())) {
-          std::vector<int> perm(std::size_t(in[0].dim()));
-          for (int i = 0; i < in[0].dim(); ++i) perm[std::size_t(i)] = i;
-          std::swap(perm[std::size_t(d0)], perm[std::size_t(d1)]);
-          by_storage(o.dtype(), [&](auto tag) {
-            using T = decltype(tag);
-            cpu::permute<T>(in[0].data<T>(), in[0].shape(), perm, o.data<T>());
-          });
-        }
+        std::vector<int> perm(std::size_t(in[0].dim()));
+        for (int i = 0; i < in[0].dim(); ++i) perm[std::size_t(i)] = i;
+        std::swap(perm[std::size_t(d0)], perm[std::size_t(d1)]);
+        kernels_for(o.device())
+            .permute(o.dtype(), in[0].data_ptr(), in[0].shape(), perm.data(), o.data_ptr());
         return o;
       },
       {}, &rule);
@@ -459,12 +401,8 @@ Tensor narrow(const Tensor& x, int dim, i64 start, i64 len) {
         Shape shape = in[0].shape();
         shape[std::size_t(dim)] = len;
         Tensor o = empty_as(shape, in[0]);
-        if (run_kernels(o.device())) {
-          by_storage(o.dtype(), [&](auto tag) {
-            using T = decltype(tag);
-            cpu::narrow<T>(in[0].data<T>(), in[0].shape(), dim, start, len, o.data<T>());
-          });
-        }
+        kernels_for(o.device())
+            .narrow(o.dtype(), in[0].data_ptr(), in[0].shape(), dim, start, len, o.data_ptr());
         return o;
       },
       {}, &rule);
@@ -475,13 +413,9 @@ Tensor narrow(const Tensor& x, int dim, i64 start, i64 len) {
           Shape shape = in[0].shape();
           shape[std::size_t(dim)] = full;
           Tensor o = Tensor::zeros(shape, in[0].dtype(), in[0].device());
-          if (run_kernels(o.device())) {
-            by_float(o.dtype(), [&](auto tag) {
-              using T = decltype(tag);
-              cpu::narrow_scatter<T>(in[0].data<T>(), in[0].shape(), dim, start, o.data<T>(),
-                                     shape);
-            });
-          }
+          kernels_for(o.device())
+              .narrow_scatter(o.dtype(), in[0].data_ptr(), in[0].shape(), dim, start, o.data_ptr(),
+                              shape);
           return o;
         },
         {}, &rule);
@@ -513,15 +447,11 @@ Tensor cat(const std::vector<Tensor>& xs, int dim) {
         shape[std::size_t(dim)] = 0;
         for (const Tensor& x : in) shape[std::size_t(dim)] += x.shape()[std::size_t(dim)];
         Tensor o = empty_as(shape, in[0]);
-        if (run_kernels(o.device())) {
-          by_storage(o.dtype(), [&](auto tag) {
-            using T = decltype(tag);
-            i64 start = 0;
-            for (const Tensor& x : in) {
-              cpu::narrow_scatter<T>(x.data<T>(), x.shape(), dim, start, o.data<T>(), shape);
-              start += x.shape()[std::size_t(dim)];
-            }
-          });
+        const Kernels& k = kernels_for(o.device());
+        i64 start = 0;
+        for (const Tensor& x : in) {
+          k.narrow_scatter(o.dtype(), x.data_ptr(), x.shape(), dim, start, o.data_ptr(), shape);
+          start += x.shape()[std::size_t(dim)];
         }
         return o;
       },
@@ -554,14 +484,10 @@ Tensor expand(const Tensor& x, const Shape& shape) {
           if (s != 1) local[std::size_t(d + added)] = s;
         }
         Tensor o = empty_as(local, in[0]);
-        if (run_kernels(o.device())) {
-          by_float(o.dtype(), [&](auto tag) {
-            using T = decltype(tag);
-            const T zero = 0;  // broadcast copy: x + 0 over the target shape
-            cpu::binary<T>(cpu::BinaryOp::Add, in[0].data<T>(), in[0].shape(), &zero, Shape{},
-                           o.data<T>(), local);
-          });
-        }
+        const Tensor zero = Tensor::zeros({}, o.dtype(), o.device());  // broadcast copy: x + 0
+        kernels_for(o.device())
+            .binary(o.dtype(), BinaryOp::Add, in[0].data_ptr(), in[0].shape(), zero.data_ptr(),
+                    Shape{}, o.data_ptr(), local);
         return o;
       },
       {}, &rule);
@@ -606,12 +532,8 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
           if (shape[d] != 1) local[d] = in[0].shape()[d + std::size_t(added)];
         }
         Tensor o = empty_as(local, in[0]);
-        if (run_kernels(o.device())) {
-          by_float(o.dtype(), [&](auto tag) {
-            using T = decltype(tag);
-            cpu::sum_to<T>(in[0].data<T>(), in[0].shape(), o.data<T>(), local);
-          });
-        }
+        kernels_for(o.device())
+            .sum_to(o.dtype(), in[0].data_ptr(), in[0].shape(), o.data_ptr(), local);
         return o;
       },
       {}, &rule);
@@ -673,24 +595,28 @@ Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& bias, bool trans_a, 
         const i64 ar = A.size(-2), ac = A.size(-1), br = B.size(-2), bc = B.size(-1);
         const i64 m = trans_a ? ac : ar, k = trans_a ? ar : ac, n = trans_b ? br : bc;
         Tensor o = empty_as(rank == 3 ? Shape{batch, m, n} : Shape{m, n}, A);
-        if (!run_kernels(o.device())) return o;
-        by_float(o.dtype(), [&](auto tag) {
-          using T = decltype(tag);
-          T* c = o.data<T>();
-          T beta = 0;
-          if (has_bias) {
-            const T* pb = in[0].data<T>();
-            const bool full = in[0].numel() == m * n;
-            for (i64 i = 0; i < m; ++i) {
-              std::copy(pb + (full ? i * n : 0), pb + (full ? i * n : 0) + n, c + i * n);
-            }
-            beta = 1;
-          }
-          for (i64 bi = 0; bi < batch; ++bi) {
-            cpu::gemm<T>(trans_a, trans_b, m, n, k, T(1), A.data<T>() + bi * ar * ac, ac,
-                         B.data<T>() + bi * br * bc, bc, beta, c + bi * m * n, n);
-          }
-        });
+        GemmArgs g;
+        g.dt = o.dtype();
+        g.trans_a = trans_a;
+        g.trans_b = trans_b;
+        g.batch = batch;
+        g.m = m;
+        g.n = n;
+        g.k = k;
+        g.a = A.data_ptr();
+        g.lda = ac;
+        g.stride_a = ar * ac;
+        g.b = B.data_ptr();
+        g.ldb = bc;
+        g.stride_b = br * bc;
+        g.c = o.data_ptr();
+        g.ldc = n;
+        g.stride_c = m * n;
+        if (has_bias) {
+          g.bias = in[0].data_ptr();
+          g.bias_rows = in[0].numel() == m * n ? m : 1;
+        }
+        kernels_for(o.device()).gemm(g);
         return o;
       },
       transposed, &rule);
@@ -769,7 +695,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
 
 Tensor add(const Tensor& a, const Tensor& b) {
   static const OpDef def{"add", "Tensor", EventKind::Compute};
-  Tensor out = binary_op(cpu::BinaryOp::Add, def, a, b);
+  Tensor out = binary_op(BinaryOp::Add, def, a, b);
   attach_grad(out, "AddBackward", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
     return std::vector<Tensor>{sum_to(g, sa), sum_to(g, sb)};
   });
@@ -778,7 +704,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   static const OpDef def{"sub", "Tensor", EventKind::Compute};
-  Tensor out = binary_op(cpu::BinaryOp::Sub, def, a, b);
+  Tensor out = binary_op(BinaryOp::Sub, def, a, b);
   attach_grad(out, "SubBackward", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
     return std::vector<Tensor>{sum_to(g, sa), sum_to(mul(g, -1.0), sb)};
   });
@@ -787,7 +713,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   static const OpDef def{"mul", "Tensor", EventKind::Compute};
-  Tensor out = binary_op(cpu::BinaryOp::Mul, def, a, b);
+  Tensor out = binary_op(BinaryOp::Mul, def, a, b);
   const bool need_a = a.requires_grad(), need_b = b.requires_grad();
   attach_grad(out, "MulBackward", {a, b}, [a, b, need_a, need_b](const Tensor& g) {
     return std::vector<Tensor>{need_a ? sum_to(mul(g, b), a.shape()) : Tensor(),
@@ -798,7 +724,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 Tensor div(const Tensor& a, const Tensor& b) {
   static const OpDef def{"div", "Tensor", EventKind::Compute};
-  Tensor out = binary_op(cpu::BinaryOp::Div, def, a, b);
+  Tensor out = binary_op(BinaryOp::Div, def, a, b);
   const bool need_a = a.requires_grad(), need_b = b.requires_grad();
   attach_grad(out, "DivBackward", {a, b}, [a, b, need_a, need_b](const Tensor& g) {
     // d(a/b)/db = -a / b²
@@ -813,9 +739,8 @@ Tensor mul(const Tensor& a, double s) {
   static const OpDef def{"mul", "Scalar", EventKind::Compute};
   Tensor out = unary_op(
       def, {a},
-      [s](auto tag, const std::vector<Tensor>& in, Tensor& o) {
-        using T = decltype(tag);
-        cpu::scale<T>(in[0].data<T>(), T(s), o.data<T>(), o.numel());
+      [s](const Kernels& k, const std::vector<Tensor>& in, Tensor& o) {
+        k.scale(o.dtype(), in[0].data_ptr(), s, o.data_ptr(), o.numel());
       },
       &linear_pointwise());
   attach_grad(out, "MulBackward", {a},
@@ -827,9 +752,8 @@ Tensor add(const Tensor& a, double s) {
   static const OpDef def{"add", "Scalar", EventKind::Compute};
   Tensor out = unary_op(
       def, {a},
-      [s](auto tag, const std::vector<Tensor>& in, Tensor& o) {
-        using T = decltype(tag);
-        cpu::add_scalar<T>(in[0].data<T>(), T(s), o.data<T>(), o.numel());
+      [s](const Kernels& k, const std::vector<Tensor>& in, Tensor& o) {
+        k.add_scalar(o.dtype(), in[0].data_ptr(), s, o.data_ptr(), o.numel());
       },
       &nonlinear_pointwise());
   attach_grad(out, "AddBackward", {a}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
@@ -841,17 +765,15 @@ Tensor relu(const Tensor& x) {
   static const OpDef back{"threshold_backward", "default", EventKind::Compute};
   Tensor out = unary_op(
       def, {x},
-      [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
-        using T = decltype(tag);
-        cpu::relu_forward<T>(in[0].data<T>(), o.data<T>(), o.numel());
+      [](const Kernels& k, const std::vector<Tensor>& in, Tensor& o) {
+        k.relu_forward(o.dtype(), in[0].data_ptr(), o.data_ptr(), o.numel());
       },
       &nonlinear_pointwise());
   attach_grad(out, "ReluBackward", {x}, [x](const Tensor& g) {
     return std::vector<Tensor>{unary_op(
         back, {g, x},
-        [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
-          using T = decltype(tag);
-          cpu::relu_backward<T>(in[0].data<T>(), in[1].data<T>(), o.data<T>(), o.numel());
+        [](const Kernels& k, const std::vector<Tensor>& in, Tensor& o) {
+          k.relu_backward(o.dtype(), in[0].data_ptr(), in[1].data_ptr(), o.data_ptr(), o.numel());
         },
         &nonlinear_pointwise())};
   });
@@ -863,17 +785,15 @@ Tensor gelu(const Tensor& x) {
   static const OpDef back{"gelu_backward", "default", EventKind::Compute};
   Tensor out = unary_op(
       def, {x},
-      [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
-        using T = decltype(tag);
-        cpu::gelu_forward<T>(in[0].data<T>(), o.data<T>(), o.numel());
+      [](const Kernels& k, const std::vector<Tensor>& in, Tensor& o) {
+        k.gelu_forward(o.dtype(), in[0].data_ptr(), o.data_ptr(), o.numel());
       },
       &nonlinear_pointwise());
   attach_grad(out, "GeluBackward", {x}, [x](const Tensor& g) {
     return std::vector<Tensor>{unary_op(
         back, {g, x},
-        [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
-          using T = decltype(tag);
-          cpu::gelu_backward<T>(in[0].data<T>(), in[1].data<T>(), o.data<T>(), o.numel());
+        [](const Kernels& k, const std::vector<Tensor>& in, Tensor& o) {
+          k.gelu_backward(o.dtype(), in[0].data_ptr(), in[1].data_ptr(), o.data_ptr(), o.numel());
         },
         &nonlinear_pointwise())};
   });
@@ -889,22 +809,27 @@ Tensor dropout(const Tensor& x, double p, std::uint64_t seed) {
   Tensor mask;
   Tensor out = unary_op(
       def, {x},
-      [&mask, p, seed](auto tag, const std::vector<Tensor>& in, Tensor& o) {
-        using T = decltype(tag);
-        mask = empty_as(o.shape(), o);
-        cpu::dropout_forward<T>(in[0].data<T>(), o.data<T>(), mask.data<T>(), o.numel(), T(p),
-                                seed);
+      [&mask, p, seed](const Kernels& k, const std::vector<Tensor>& in, Tensor& o) {
+        mask = Tensor::empty(o.shape(), acc_dtype(o.dtype()), o.device());
+        k.dropout_forward(o.dtype(), in[0].data_ptr(), o.data_ptr(), mask.data_ptr(), o.numel(), p,
+                          seed);
       },
       &nonlinear_pointwise());
   // The mask is the local one (each shard draws its own); meta gets a shape-only mask.
   Tensor local_out = is_dtensor(out) ? dist_of(out).local : out;
   if (!mask.defined() || mask.shape() != local_out.shape()) {
-    mask = Tensor::zeros(local_out.shape(), local_out.dtype(), local_out.device());
+    mask = Tensor::zeros(local_out.shape(), acc_dtype(local_out.dtype()), local_out.device());
   }
   mask =
       wrap_like(mask, out, out.shape(), is_dtensor(out) ? dist_of(out).placements : Placements{});
   attach_grad(out, "NativeDropoutBackward", {x}, [mask](const Tensor& g) {
-    return std::vector<Tensor>{binary_op(cpu::BinaryOp::Mul, back, g, to_dtype(mask, g.dtype()))};
+    return std::vector<Tensor>{unary_op(
+        back, {g, mask},
+        [](const Kernels& k, const std::vector<Tensor>& in, Tensor& o) {
+          k.dropout_backward(o.dtype(), in[0].data_ptr(), in[1].data_ptr(), o.data_ptr(),
+                             o.numel());
+        },
+        &nonlinear_pointwise())};
   });
   return out;
 }
@@ -924,21 +849,20 @@ Tensor softmax(const Tensor& x) {
   static const OpDef back{"_softmax_backward_data", "default", EventKind::Compute};
   Tensor out = unary_op(
       def, {x},
-      [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
-        using T = decltype(tag);
+      [](const Kernels& k, const std::vector<Tensor>& in, Tensor& o) {
         i64 rows = 0, cols = 0;
         std::tie(rows, cols) = rows_cols(in[0]);
-        cpu::softmax_forward<T>(in[0].data<T>(), o.data<T>(), rows, cols);
+        k.softmax_forward(o.dtype(), in[0].data_ptr(), o.data_ptr(), rows, cols);
       },
       &last_dim_rule());
   attach_grad(out, "SoftmaxBackward", {x}, [y = out.detach()](const Tensor& g) {
     return std::vector<Tensor>{unary_op(
         back, {g, y},
-        [](auto tag, const std::vector<Tensor>& in, Tensor& o) {
-          using T = decltype(tag);
+        [](const Kernels& k, const std::vector<Tensor>& in, Tensor& o) {
           i64 rows = 0, cols = 0;
           std::tie(rows, cols) = rows_cols(in[0]);
-          cpu::softmax_backward<T>(in[0].data<T>(), in[1].data<T>(), o.data<T>(), rows, cols);
+          k.softmax_backward(o.dtype(), in[0].data_ptr(), in[1].data_ptr(), o.data_ptr(), rows,
+                             cols);
         },
         &last_dim_rule())};
   });
@@ -960,7 +884,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                     describe(*p), cols, describe(x));
     check_same_dtype(x, *p, "layer_norm");
   }
-  // mean and rstd (x.shape[:-1]) are saved in the compute dtype (f32 for f32/bf16).
+  // mean and rstd (x.shape[:-1]) are saved in acc_dtype (f32 for f32/bf16).
   Tensor mean, rstd;
   Tensor out = dispatch(
       def, {x, weight, bias},
@@ -969,16 +893,12 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
         std::tie(rows, cols) = rows_cols(in[0]);
         Shape stat_shape(in[0].shape().begin(), in[0].shape().end() - 1);
         Tensor o = empty_as(in[0].shape(), in[0]);
-        mean = Tensor::empty(stat_shape, o.dtype(), o.device());
-        rstd = Tensor::empty(stat_shape, o.dtype(), o.device());
-        if (run_kernels(o.device())) {
-          by_float(o.dtype(), [&](auto tag) {
-            using T = decltype(tag);
-            cpu::layernorm_forward<T>(in[0].data<T>(), in[1].defined() ? in[1].data<T>() : nullptr,
-                                      in[2].defined() ? in[2].data<T>() : nullptr, o.data<T>(),
-                                      mean.data<T>(), rstd.data<T>(), rows, cols, T(eps));
-          });
-        }
+        mean = Tensor::empty(stat_shape, acc_dtype(o.dtype()), o.device());
+        rstd = Tensor::empty(stat_shape, acc_dtype(o.dtype()), o.device());
+        kernels_for(o.device())
+            .layernorm_forward(o.dtype(), in[0].data_ptr(), data_or_null(in[1]),
+                               data_or_null(in[2]), o.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
+                               rows, cols, eps);
         return o;
       },
       {}, &fwd_rule);
@@ -997,18 +917,13 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                       std::tie(rows, cols) = rows_cols(in[0]);
                       Tensor o = empty_as(in[0].shape(), in[0]);
                       const bool affine = in[2].defined();
-                      gw = affine ? Tensor::zeros({cols}, o.dtype(), o.device()) : Tensor();
-                      gb = has_bias ? Tensor::zeros({cols}, o.dtype(), o.device()) : Tensor();
-                      if (run_kernels(o.device())) {
-                        by_float(o.dtype(), [&](auto tag) {
-                          using T = decltype(tag);
-                          cpu::layernorm_backward<T>(in[0].data<T>(), in[1].data<T>(),
-                                                     affine ? in[2].data<T>() : nullptr,
-                                                     in[3].data<T>(), in[4].data<T>(), o.data<T>(),
-                                                     affine ? gw.data<T>() : nullptr,
-                                                     has_bias ? gb.data<T>() : nullptr, rows, cols);
-                        });
-                      }
+                      gw = affine ? Tensor::empty({cols}, o.dtype(), o.device()) : Tensor();
+                      gb = has_bias ? Tensor::empty({cols}, o.dtype(), o.device()) : Tensor();
+                      kernels_for(o.device())
+                          .layernorm_backward(o.dtype(), in[0].data_ptr(), in[1].data_ptr(),
+                                              data_or_null(in[2]), in[3].data_ptr(),
+                                              in[4].data_ptr(), o.data_ptr(), data_or_null(gw),
+                                              data_or_null(gb), rows, cols);
                       return o;
                     },
                     {}, &back_rule);
@@ -1019,8 +934,6 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                   if (gw.defined()) gw = wrap_like(gw, gx, weight.shape(), pl);
                   if (gb.defined()) gb = wrap_like(gb, gx, weight.shape(), pl);
                 }
-                if (gw.defined() && gw.dtype() != weight.dtype()) gw = to_dtype(gw, weight.dtype());
-                if (gb.defined() && gb.dtype() != g.dtype()) gb = to_dtype(gb, g.dtype());
                 return std::vector<Tensor>{gx, gw, gb};
               });
   return out;
@@ -1054,13 +967,9 @@ ShardingRule embedding_rule(i64 vocab) {
     Shape shape = in[1].shape();
     shape.push_back(dim);
     Tensor o = empty_as(shape, in[0]);
-    if (run_kernels(o.device())) {
-      by_float(o.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        cpu::embedding_forward<T>(in[1].data<i64>(), n, in[0].data<T>(), begin, rows, vocab, dim,
-                                  o.data<T>());
-      });
-    }
+    kernels_for(o.device())
+        .embedding_forward(o.dtype(), index_data(in[1]), n, in[0].data_ptr(), begin, rows, vocab,
+                           dim, o.data_ptr());
     return o;
   };
   return r;
@@ -1098,13 +1007,9 @@ Tensor embedding(const Tensor& idx, const Tensor& weight) {
         Shape shape = in[1].shape();
         shape.push_back(dim);
         Tensor o = empty_as(shape, in[0]);
-        if (run_kernels(o.device())) {
-          by_float(o.dtype(), [&](auto tag) {
-            using T = decltype(tag);
-            cpu::embedding_forward<T>(in[1].data<i64>(), n, in[0].data<T>(), 0, vocab, vocab, dim,
-                                      o.data<T>());
-          });
-        }
+        kernels_for(o.device())
+            .embedding_forward(o.dtype(), index_data(in[1]), n, in[0].data_ptr(), 0, vocab, vocab,
+                               dim, o.data_ptr());
         return o;
       },
       {}, &rule);
@@ -1113,14 +1018,10 @@ Tensor embedding(const Tensor& idx, const Tensor& weight) {
         back, {g, idx},
         [vocab](const std::vector<Tensor>& in) {
           const i64 dim = in[0].size(-1), n = in[1].numel();
-          Tensor o = Tensor::zeros({vocab, dim}, in[0].dtype(), in[0].device());
-          if (run_kernels(o.device())) {
-            by_float(o.dtype(), [&](auto tag) {
-              using T = decltype(tag);
-              cpu::embedding_backward<T>(in[0].data<T>(), in[1].data<i64>(), n, o.data<T>(), 0,
-                                         vocab, dim);
-            });
-          }
+          Tensor o = Tensor::empty({vocab, dim}, in[0].dtype(), in[0].device());
+          kernels_for(o.device())
+              .embedding_backward(o.dtype(), in[0].data_ptr(), index_data(in[1]), n, o.data_ptr(),
+                                  0, vocab, dim);
           return o;
         },
         {}, &back_rule);
@@ -1152,15 +1053,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
       [&probs, scale, causal](const std::vector<Tensor>& in) {
         const Shape& s = in[0].shape();
         Tensor o = empty_as(s, in[0]);
-        probs = Tensor::empty({s[0], s[1], s[2], s[2]}, o.dtype(), o.device());
-        if (run_kernels(o.device())) {
-          by_float(o.dtype(), [&](auto tag) {
-            using T = decltype(tag);
-            cpu::attention_forward<T>(in[0].data<T>(), in[1].data<T>(), in[2].data<T>(),
-                                      o.data<T>(), probs.data<T>(), s[0] * s[1], s[2], s[3],
-                                      T(scale), causal);
-          });
-        }
+        probs = Tensor::empty({s[0], s[1], s[2], s[2]}, acc_dtype(o.dtype()), o.device());
+        kernels_for(o.device())
+            .attention_forward(o.dtype(), in[0].data_ptr(), in[1].data_ptr(), in[2].data_ptr(),
+                               o.data_ptr(), probs.data_ptr(), s[0] * s[1], s[2], s[3], scale,
+                               causal);
         return o;
       },
       {}, &rule);
@@ -1178,25 +1075,17 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                       Tensor o = empty_as(s, in[0]);
                       gk = empty_as(s, o);
                       gv = empty_as(s, o);
-                      if (run_kernels(o.device())) {
-                        by_float(o.dtype(), [&](auto tag) {
-                          using T = decltype(tag);
-                          cpu::attention_backward<T>(
-                              in[0].data<T>(), in[1].data<T>(), in[2].data<T>(), in[3].data<T>(),
-                              in[4].data<T>(), o.data<T>(), gk.data<T>(), gv.data<T>(), s[0] * s[1],
-                              s[2], s[3], T(scale));
-                        });
-                      }
+                      kernels_for(o.device())
+                          .attention_backward(o.dtype(), in[0].data_ptr(), in[1].data_ptr(),
+                                              in[2].data_ptr(), in[3].data_ptr(), in[4].data_ptr(),
+                                              o.data_ptr(), gk.data_ptr(), gv.data_ptr(),
+                                              s[0] * s[1], s[2], s[3], scale);
                       return o;
                     },
                     {}, &rule);
                 if (is_dtensor(gq)) {
                   gk = wrap_like(gk, gq, gq.shape(), dist_of(gq).placements);
                   gv = wrap_like(gv, gq, gq.shape(), dist_of(gq).placements);
-                }
-                if (gk.dtype() != g.dtype()) {
-                  gk = to_dtype(gk, g.dtype());
-                  gv = to_dtype(gv, g.dtype());
                 }
                 return std::vector<Tensor>{gq, gk, gv};
               });
@@ -1216,13 +1105,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
     i64 rows = 0, cols = 0;
     std::tie(rows, cols) = rows_cols(in[0]);
     Tensor o = Tensor::empty({}, in[0].dtype(), in[0].device());
-    if (run_kernels(o.device())) {
-      by_float(o.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        *o.data<T>() =
-            cpu::cross_entropy_forward<T>(in[0].data<T>(), in[1].data<i64>(), rows, cols);
-      });
-    }
+    kernels_for(o.device())
+        .cross_entropy_forward(o.dtype(), in[0].data_ptr(), index_data(in[1]), rows, cols,
+                               o.data_ptr());
     return o;
   });
   attach_grad(out, "CrossEntropyBackward", {logits}, [logits, targets](const Tensor& g) {
@@ -1230,13 +1115,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
       i64 rows = 0, cols = 0;
       std::tie(rows, cols) = rows_cols(in[1]);
       Tensor o = empty_as(in[1].shape(), in[1]);
-      if (run_kernels(o.device())) {
-        by_float(o.dtype(), [&](auto tag) {
-          using T = decltype(tag);
-          cpu::cross_entropy_backward<T>(*in[0].data<T>(), in[1].data<T>(), in[2].data<i64>(),
-                                         o.data<T>(), rows, cols);
-        });
-      }
+      kernels_for(o.device())
+          .cross_entropy_backward(o.dtype(), in[0].data_ptr(), in[1].data_ptr(), index_data(in[2]),
+                                  o.data_ptr(), rows, cols);
       return o;
     });
     return std::vector<Tensor>{gl};
@@ -1255,12 +1136,7 @@ Tensor sum(const Tensor& x) {
       def, {x},
       [](const std::vector<Tensor>& in) {
         Tensor o = Tensor::empty({}, in[0].dtype(), in[0].device());
-        if (run_kernels(o.device())) {
-          by_float(o.dtype(), [&](auto tag) {
-            using T = decltype(tag);
-            *o.data<T>() = cpu::sum_all<T>(in[0].data<T>(), in[0].numel());
-          });
-        }
+        kernels_for(o.device()).sum_all(o.dtype(), in[0].data_ptr(), o.data_ptr(), in[0].numel());
         return o;
       },
       {}, &rule);
@@ -1285,12 +1161,8 @@ Tensor sum(const Tensor& x, int dim, bool keepdim) {
           if (!keepdim) shape.erase(shape.begin() + dim);
         }
         Tensor o = empty_as(shape, in[0]);
-        if (run_kernels(o.device())) {
-          by_float(o.dtype(), [&](auto tag) {
-            using T = decltype(tag);
-            cpu::sum_dim<T>(in[0].data<T>(), o.data<T>(), s.outer, s.dim, s.inner);
-          });
-        }
+        kernels_for(o.device())
+            .sum_dim(o.dtype(), in[0].data_ptr(), o.data_ptr(), s.outer, s.dim, s.inner);
         return o;
       },
       {}, &rule);

@@ -2,7 +2,8 @@
 // passes through one dispatcher (detail::dispatch) that records it into the current tracer and
 // runs it on the inputs' device; every GEMM passes through gemm(). Shapes are checked here, where
 // arguments enter, and errors name the op and the shapes. Ops never broadcast dtypes: both sides
-// of a binary op share one dtype. bf16 is computed in f32 and stored back as bf16.
+// of a binary op share one dtype. Kernels run through kernels_for(device) (kernels/backend.h);
+// bf16 is computed in f32 inside each kernel and stored back as bf16.
 #pragma once
 
 #include <cstdint>
@@ -78,7 +79,6 @@ struct OpDef {
   const char* name;      // PyTorch's aten name without namespace: "addmm"
   const char* overload;  // "default", "Tensor", "dim_IntList"
   EventKind kind;
-  bool widen_bf16 = true;  // false for ops that see the storage dtype (views, conversions)
 };
 
 using Compute = std::function<Tensor(const std::vector<Tensor>& inputs)>;
@@ -88,16 +88,11 @@ using Transposed = std::vector<bool>;
 
 // The one dispatcher. With DTensor inputs it applies the sharding rule (sharding.h; all
 // Replicate when null), redistributes, and re-enters itself on the local shards. On plain
-// tensors it checks that inputs share a device, widens bf16 inputs to f32 (and narrows an f32
-// result back) when the op asks, runs compute and records the op with its shapes when a tracer
-// is active. compute derives every size from its inputs, so it runs on local shards and on
-// meta tensors of the global shapes alike. Undefined inputs are skipped.
+// tensors it checks that inputs share a device, runs compute and records the op with its shapes
+// when a tracer is active. compute derives every size from its inputs, so it runs on local shards
+// and on meta tensors of the global shapes alike. Undefined inputs are skipped.
 Tensor dispatch(const OpDef& op, const std::vector<Tensor>& inputs, const Compute& compute,
                 const Transposed& transposed = {}, const ShardingRule* rule = nullptr);
-
-// True when kernels must run for a result on this device (cpu); false on meta (shape only).
-// cuda: the dispatch point of the CUDA backend.
-bool run_kernels(Device d);
 
 int normalize_dim(int dim, int rank, const char* op);
 

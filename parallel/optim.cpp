@@ -1,6 +1,6 @@
 #include "parallel/optim.h"
 
-#include "kernels/cpu_optim.h"
+#include "kernels/backend.h"
 #include "parallel/autograd.h"
 #include "parallel/dtensor.h"
 #include "parallel/ops.h"
@@ -11,7 +11,6 @@ namespace commtrace {
 namespace {
 using detail::dispatch;
 using detail::OpDef;
-using detail::run_kernels;
 
 Tensor local_of(const Tensor& t) { return is_dtensor(t) ? dist_of(t).local : t; }
 
@@ -30,15 +29,6 @@ Tensor grad_like_param(const Tensor& p, const Tensor& g) {
       gs.local, g.shape(), *ps.mesh, gs.placements, ps.placements,
       fmt::format("optimizer: gradient {} of a {} parameter", placements_str(gs.placements),
                   placements_str(ps.placements)));
-}
-
-template <class F>
-void by_param_dtype(const Tensor& p, F&& f) {
-  if (p.dtype() == DType::F64) {
-    f(double{});
-  } else {
-    f(float{});
-  }
 }
 }  // namespace
 
@@ -73,18 +63,14 @@ SGD::SGD(std::vector<Tensor> params, double lr, double momentum, double weight_d
 }
 
 void SGD::update(std::size_t i, const Tensor& g) {
-  static const OpDef def{"_fused_sgd_", "default", EventKind::Compute, false};
+  static const OpDef def{"_fused_sgd_", "default", EventKind::Compute};
   const Tensor p = local_of(params_[i]);
   const bool first = !momentum_buf_[i].defined();
-  if (first) momentum_buf_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  if (first) momentum_buf_[i] = Tensor::zeros(p.shape(), acc_dtype(p.dtype()), p.device());
   dispatch(def, {p, g, momentum_buf_[i]}, [&](const std::vector<Tensor>& in) {
-    if (run_kernels(p.device())) {
-      by_param_dtype(p, [&](auto tag) {
-        using T = decltype(tag);
-        cpu::sgd_step<T>(in[0].data<T>(), in[1].data<T>(), in[2].data<T>(), p.numel(), T(lr_),
-                         T(momentum_), T(weight_decay_), first);
-      });
-    }
+    kernels_for(p.device())
+        .sgd_step(p.dtype(), in[0].data_ptr(), in[1].data_ptr(), in[2].data_ptr(), p.numel(),
+                  SgdArgs{lr_, momentum_, weight_decay_, first});
     return in[0];
   });
 }
@@ -103,23 +89,19 @@ AdamW::AdamW(std::vector<Tensor> params, double lr, double beta1, double beta2, 
                   lr, beta1, beta2, eps);
   for (const Tensor& param : params_) {
     const Tensor p = local_of(param);
-    m_.push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
-    v_.push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
+    m_.push_back(Tensor::zeros(p.shape(), acc_dtype(p.dtype()), p.device()));
+    v_.push_back(Tensor::zeros(p.shape(), acc_dtype(p.dtype()), p.device()));
   }
 }
 
 void AdamW::update(std::size_t i, const Tensor& g) {
-  static const OpDef def{"_fused_adamw_", "default", EventKind::Compute, false};
+  static const OpDef def{"_fused_adamw_", "default", EventKind::Compute};
   const Tensor p = local_of(params_[i]);
   dispatch(def, {p, g, m_[i], v_[i]}, [&](const std::vector<Tensor>& in) {
-    if (run_kernels(p.device())) {
-      by_param_dtype(p, [&](auto tag) {
-        using T = decltype(tag);
-        cpu::adamw_step<T>(in[0].data<T>(), in[1].data<T>(), in[2].data<T>(), in[3].data<T>(),
-                           p.numel(), T(lr_), T(beta1_), T(beta2_), T(eps_), T(weight_decay_),
-                           steps_);
-      });
-    }
+    kernels_for(p.device())
+        .adamw_step(p.dtype(), in[0].data_ptr(), in[1].data_ptr(), in[2].data_ptr(),
+                    in[3].data_ptr(), p.numel(),
+                    AdamWArgs{lr_, beta1_, beta2_, eps_, weight_decay_, steps_});
     return in[0];
   });
 }

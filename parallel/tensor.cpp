@@ -1,8 +1,6 @@
 #include "parallel/tensor.h"
 
-#include <cstdlib>
-
-#include "kernels/cpu.h"
+#include "kernels/backend.h"
 #include "parallel/autograd.h"
 
 namespace commtrace {
@@ -12,15 +10,11 @@ std::atomic<std::uint64_t> g_allocations{0};
 }
 
 Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  COMMTRACE_CHECK(device == Device::CPU, ErrorCode::Unsupported,
-                  "storage: {} tensors have no host storage (cuda arrives with the CUDA backend)",
-                  device_name(device));
-  data_ = std::malloc(bytes == 0 ? 1 : bytes);
-  COMMTRACE_CHECK(data_ != nullptr, ErrorCode::Backend, "storage: out of memory ({} bytes)", bytes);
+  data_ = kernels_for(device).allocate(bytes, 0);
   g_allocations.fetch_add(1, std::memory_order_relaxed);
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() { kernels_for(device_).deallocate(data_, bytes_, 0); }
 
 std::uint64_t Storage::allocations() { return g_allocations.load(std::memory_order_relaxed); }
 
@@ -46,12 +40,20 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  if (device == Device::Meta) return t;
-  const std::int64_t n = t.numel();
-  std::vector<double> tmp(std::size_t(n), value);
-  cpu::convert(tmp.data(), DType::F64, t.raw_data(dtype_size(dtype)), dtype, n);
+  kernels_for(device).fill(dtype, t.data_ptr(), value, t.numel());
   return t;
 }
+
+namespace {
+// Host values of host_dt into t (any device): converted on the host, then copied.
+void upload(const void* host, DType host_dt, const Tensor& t) {
+  if (t.is_meta()) return;
+  const std::int64_t n = t.numel();
+  std::vector<unsigned char> staged(std::size_t(n) * dtype_size(t.dtype()));
+  kernels_for(Device::CPU).convert(host, host_dt, staged.data(), t.dtype(), n);
+  kernels_for(t.device()).copy_from_host(t.data_ptr(), staged.data(), staged.size());
+}
+}  // namespace
 
 Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape, DType dtype,
                            Device device) {
@@ -59,10 +61,7 @@ Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape
                   "from_vector: {} values for shape {} ({} elements)", values.size(),
                   shape_str(shape), commtrace::numel(shape));
   Tensor t = empty(shape, dtype, device);
-  if (device != Device::Meta) {
-    cpu::convert(values.data(), DType::F64, t.raw_data(dtype_size(dtype)), dtype,
-                 std::int64_t(values.size()));
-  }
+  upload(values.data(), DType::F64, t);
   return t;
 }
 
@@ -71,7 +70,7 @@ Tensor Tensor::from_indices(const std::vector<std::int64_t>& values, const Shape
   COMMTRACE_CHECK(std::int64_t(values.size()) == commtrace::numel(shape), ErrorCode::ShapeMismatch,
                   "from_indices: {} values for shape {}", values.size(), shape_str(shape));
   Tensor t = empty(shape, DType::I64, device);
-  if (device != Device::Meta) std::copy(values.begin(), values.end(), t.data<std::int64_t>());
+  upload(values.data(), DType::I64, t);
   return t;
 }
 
@@ -98,9 +97,22 @@ void* Tensor::raw_data(std::size_t elem_size) const {
   return static_cast<char*>(t.storage->data()) + t.offset * std::int64_t(elem_size);
 }
 
+void* Tensor::data_ptr() const {
+  const TensorImpl& t = checked();
+  COMMTRACE_CHECK(t.dist == nullptr, ErrorCode::InvalidArgument,
+                  "data: a DTensor has no data of its own; use to_local() or full_tensor()");
+  if (!t.storage) return nullptr;
+  return static_cast<char*>(t.storage->data()) + t.offset * std::int64_t(dtype_size(t.dtype));
+}
+
 std::vector<double> Tensor::to_vector() const {
-  std::vector<double> out(static_cast<std::size_t>(numel()));
-  cpu::convert(raw_data(dtype_size(dtype())), dtype(), out.data(), DType::F64, numel());
+  COMMTRACE_CHECK(!is_meta(), ErrorCode::Unsupported, "to_vector: a meta tensor has no data ({})",
+                  describe(*this));
+  const std::int64_t n = numel();
+  std::vector<unsigned char> staged(std::size_t(n) * dtype_size(dtype()));
+  kernels_for(device()).copy_to_host(staged.data(), data_ptr(), staged.size());
+  std::vector<double> out(static_cast<std::size_t>(n));
+  kernels_for(Device::CPU).convert(staged.data(), dtype(), out.data(), DType::F64, n);
   return out;
 }
 

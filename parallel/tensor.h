@@ -14,7 +14,8 @@
 
 namespace commtrace {
 
-// Bytes on one device. Owner of the allocation; counts every allocation for tests.
+// Bytes on one device, allocated and freed through kernels_for(device). Owner of the
+// allocation; counts every allocation for tests.
 class Storage {
  public:
   Storage(std::size_t bytes, Device device);
@@ -87,8 +88,10 @@ class Tensor {
     return static_cast<T*>(raw_data(sizeof(T)));
   }
   void* raw_data(std::size_t elem_size) const;
+  // The elements on their device, for kernels_for(device()); null on meta. Not for host access.
+  void* data_ptr() const;
 
-  std::vector<double> to_vector() const;  // any dtype, cpu only (tests and printing)
+  std::vector<double> to_vector() const;  // any dtype (tests and printing)
   double item() const;                    // REQUIRES: one element
 
   bool requires_grad() const { return checked().requires_grad; }

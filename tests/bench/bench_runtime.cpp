@@ -6,7 +6,7 @@
 #include <chrono>
 #include <optional>
 
-#include "kernels/cpu.h"
+#include "kernels/backend.h"
 #include "parallel/models.h"
 #include "parallel/ops.h"
 #include "parallel/optim.h"
@@ -43,7 +43,7 @@ void BM_ReluKernel(benchmark::State& state) {
   const Tensor x = Tensor::full({state.range(0)}, 0.5);
   for (auto _ : state) {
     Tensor out = Tensor::empty(x.shape());
-    cpu::relu_forward(x.data<float>(), out.data<float>(), x.numel());
+    kernels_for(Device::CPU).relu_forward(x.dtype(), x.data_ptr(), out.data_ptr(), x.numel());
     benchmark::DoNotOptimize(out.data<float>());
   }
 }

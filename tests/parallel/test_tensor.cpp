@@ -1,11 +1,16 @@
 // Tensor basics: storage and dtypes, views, meta tensors, and the argument checks of the op layer.
+#include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
+#include "kernels/backend.h"
 #include "parallel/ops.h"
 #include "parallel/tensor.h"
 #include "tests/catch_compat.h"
 #include "tests/test_util.h"
+#include "tracer/tracer.h"
 
 using namespace commtrace;
 using namespace commtrace::testing;
@@ -32,6 +37,94 @@ TEST_CASE("bf16 ops compute in f32 and store bf16", "[tensor]") {
   REQUIRE(c.dtype() == DType::BF16);
   REQUIRE(c.to_vector() == std::vector<double>{1.5, 2.25, 2.0});
   REQUIRE(to_dtype(c, DType::F32).dtype() == DType::F32);
+}
+
+namespace {
+std::vector<double> ramp(std::int64_t n, double scale) {
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = scale * std::sin(1.0 + 0.7 * double(i));
+  return v;
+}
+
+// Runs f on bf16 leaves and on f32 leaves holding the same (bf16-rounded) values; the bf16
+// outputs and gradients stay bf16 and agree with the f32 ones to bf16 precision.
+void check_bf16_like_f32(const std::vector<Shape>& shapes,
+                         const std::function<Tensor(const std::vector<Tensor>&)>& f) {
+  std::vector<Tensor> lo, hi;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const auto v = ramp(numel(shapes[i]), 1.0 + 0.5 * double(i));
+    lo.push_back(Tensor::from_vector(v, shapes[i], DType::BF16).set_requires_grad(true));
+    hi.push_back(Tensor::from_vector(lo.back().to_vector(), shapes[i]).set_requires_grad(true));
+  }
+  const Tensor ylo = f(lo), yhi = f(hi);
+  REQUIRE(ylo.dtype() == DType::BF16);
+  sum(ylo).backward();
+  sum(yhi).backward();
+  auto close = [](const std::vector<double>& got, const std::vector<double>& want) {
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      INFO("element " << i);
+      REQUIRE(got[i] == Approx(want[i]).epsilon(2e-2).margin(2e-2));
+    }
+  };
+  close(ylo.to_vector(), yhi.to_vector());
+  for (std::size_t i = 0; i < lo.size(); ++i) {
+    INFO("gradient of input " << i);
+    REQUIRE(lo[i].grad().dtype() == DType::BF16);
+    close(lo[i].grad().to_vector(), hi[i].grad().to_vector());
+  }
+}
+}  // namespace
+
+TEST_CASE("bf16 ops and their gradients stay bf16 and match f32", "[tensor][bf16]") {
+  SECTION("layer_norm") {
+    check_bf16_like_f32({{3, 8}, {8}, {8}}, [](const std::vector<Tensor>& in) {
+      return mul(layer_norm(in[0], in[1], in[2]), in[0]);
+    });
+  }
+  SECTION("softmax and gelu") {
+    check_bf16_like_f32(
+        {{4, 6}}, [](const std::vector<Tensor>& in) { return mul(softmax(gelu(in[0])), in[0]); });
+  }
+  SECTION("attention") {
+    check_bf16_like_f32(
+        {{1, 2, 4, 3}, {1, 2, 4, 3}, {1, 2, 4, 3}}, [](const std::vector<Tensor>& in) {
+          return mul(scaled_dot_product_attention(in[0], in[1], in[2], true), in[0]);
+        });
+  }
+  SECTION("linear, dropout and cross-entropy") {
+    check_bf16_like_f32({{4, 5}, {3, 5}, {3}}, [](const std::vector<Tensor>& in) {
+      const Tensor h = dropout(linear(in[0], in[1], in[2]), 0.25, 7);
+      return cross_entropy(h, Tensor::from_indices({0, 2, 1, 2}, {4}));
+    });
+  }
+}
+
+TEST_CASE("dropout's mask is acc-typed and its backward one kernel", "[tensor][dropout]") {
+  for (DType dt : {DType::F32, DType::F64, DType::BF16}) {
+    INFO(dtype_name(dt));
+    const Tensor x = Tensor::from_vector(ramp(64, 2.0), {8, 8}, dt).set_requires_grad(true);
+    Tracer tr;
+    {
+      TracerActivation on(tr);
+      sum(mul(dropout(x, 0.5, 3), 1.0)).backward();
+    }
+    std::vector<std::string> names;
+    const Trace t = tr.take();
+    for (const Record& r : t.records) names.emplace_back(t.name(r));
+    REQUIRE(names == std::vector<std::string>{"native_dropout", "mul", "sum", "ones_like", "expand",
+                                              "mul", "native_dropout_backward"});
+    // grad = mask: 0 or 1 / (1 - p) = 2 exactly, half of them or so.
+    const auto g = x.grad().to_vector();
+    REQUIRE(x.grad().dtype() == dt);
+    int kept = 0;
+    for (double v : g) {
+      REQUIRE((v == 0.0 || v == 2.0));
+      kept += v == 2.0;
+    }
+    REQUIRE(kept > 16);
+    REQUIRE(kept < 48);
+  }
 }
 
 TEST_CASE("views share storage", "[tensor]") {

@@ -1,0 +1,487 @@
+// The CPU backend of the device seam: host memory (malloc), OpenBLAS cblas for the matrix
+// products, the reference templates (kernels/reference.h) for everything else. f32 computes in
+// float and f64 in double; bf16 is widened to f32 scratch inside each kernel and its outputs are
+// rounded once. Internal: callers reach it through kernels_for(Device::CPU).
+#include <cblas.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/reference.h"
+
+namespace commtrace {
+namespace {
+
+// ---- OpenBLAS ----
+
+blasint to_blas(i64 v, const char* what) {
+  COMMTRACE_CHECK(v >= 0 && v <= std::numeric_limits<blasint>::max(), ErrorCode::Unsupported,
+                  "gemm: {} = {} is out of range [0, {}] of the BLAS integer", what, v,
+                  std::numeric_limits<blasint>::max());
+  return static_cast<blasint>(v);
+}
+
+void cblas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, blasint m, blasint n, blasint k,
+                float alpha, const float* a, blasint lda, const float* b, blasint ldb, float beta,
+                float* c, blasint ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void cblas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, blasint m, blasint n, blasint k,
+                double alpha, const double* a, blasint lda, const double* b, blasint ldb,
+                double beta, double* c, blasint ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// ref::Matmul through cblas. Zero-sized products never reach cblas: k == 0 leaves C = beta * C
+// (beta == 0 does not read C), m or n == 0 does nothing.
+template <typename T>
+void blas_matmul(bool trans_a, bool trans_b, i64 m, i64 n, i64 k, T alpha, const T* a, i64 lda,
+                 const T* b, i64 ldb, T beta, T* c, i64 ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (i64 i = 0; i < m; ++i) {
+      for (i64 j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+    }
+    return;
+  }
+  cblas_gemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+             to_blas(m, "m"), to_blas(n, "n"), to_blas(k, "k"), alpha, a, to_blas(lda, "lda"), b,
+             to_blas(ldb, "ldb"), beta, c, to_blas(ldc, "ldc"));
+}
+
+// ---- dtype dispatch ----
+
+[[noreturn]] void unsupported(const char* kernel, DType dt, const char* expected) {
+  throw Error(ErrorCode::Unsupported, fmt::format("{}: the cpu backend does not support dtype {} "
+                                                  "(expected {})",
+                                                  kernel, dtype_name(dt), expected));
+}
+
+// f32 / f64: the buffers themselves, as T.
+template <typename T>
+struct Direct {
+  using type = T;
+  const T* in(const void* p, i64) { return static_cast<const T*>(p); }
+  T* out(void* p, i64) { return static_cast<T*>(p); }
+  void narrow() {}
+};
+
+// bf16: inputs widened into f32 scratch before the kernel, outputs computed in f32 scratch and
+// rounded into the bf16 buffers by narrow() after it. Null stays null.
+class Widened {
+ public:
+  using type = float;
+  const float* in(const void* p, i64 n) {
+    if (!p) return nullptr;
+    float* w = scratch(n);
+    ref::convert(p, DType::BF16, w, DType::F32, n);
+    return w;
+  }
+  float* out(void* p, i64 n) {
+    if (!p) return nullptr;
+    float* w = scratch(n);
+    outs_.push_back({w, p, n});
+    return w;
+  }
+  void narrow() {
+    for (const Out& o : outs_) ref::convert(o.wide, DType::F32, o.bf16, DType::BF16, o.n);
+  }
+
+ private:
+  struct Out {
+    const float* wide;
+    void* bf16;
+    i64 n;
+  };
+  float* scratch(i64 n) {
+    bufs_.emplace_back(std::size_t(n));
+    return bufs_.back().data();
+  }
+  std::vector<std::vector<float>> bufs_;
+  std::vector<Out> outs_;
+};
+
+// Runs f(io) with io the Direct or Widened view of dt's buffers; acc buffers are always
+// io's type (f32 for bf16), so f casts them itself.
+template <typename F>
+void floating(const char* kernel, DType dt, F&& f) {
+  switch (dt) {
+    case DType::F32: {
+      Direct<float> io;
+      return f(io);
+    }
+    case DType::F64: {
+      Direct<double> io;
+      return f(io);
+    }
+    case DType::BF16: {
+      Widened io;
+      f(io);
+      return io.narrow();
+    }
+    case DType::I64:
+      break;
+  }
+  unsupported(kernel, dt, "f32, f64 or bf16");
+}
+
+// Optimizers update their parameters in place: f32 and f64 only.
+template <typename F>
+void param(const char* kernel, DType dt, F&& f) {
+  if (dt == DType::F32) return f(float{});
+  if (dt == DType::F64) return f(double{});
+  unsupported(kernel, dt, "f32 or f64 parameters");
+}
+
+// Data movement: f(U{}) with U the unsigned integer of dt's element size.
+template <typename F>
+void by_size(DType dt, F&& f) {
+  switch (dtype_size(dt)) {
+    case 2:
+      return f(std::uint16_t{});
+    case 4:
+      return f(std::uint32_t{});
+    case 8:
+      return f(std::uint64_t{});
+  }
+  throw Error(ErrorCode::Internal, fmt::format("cpu: unexpected dtype {}", dtype_name(dt)));
+}
+
+template <typename T>
+T* acc(void* p) {
+  return static_cast<T*>(p);
+}
+template <typename T>
+const T* acc(const void* p) {
+  return static_cast<const T*>(p);
+}
+
+// Elements of a strided batch of `rows` x `cols` matrices with leading dim ld.
+i64 extent(i64 batch, i64 stride, i64 rows, i64 cols, i64 ld) {
+  if (batch == 0 || rows == 0 || cols == 0) return 0;
+  return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+// bf16 GEMM: A, B and bias widened, the product in f32 into a dense scratch, rounded into C's
+// (batch, m, n) blocks only (C's padding stays untouched).
+void gemm_bf16(const GemmArgs& g) {
+  if (g.batch == 0 || g.m == 0 || g.n == 0) return;
+  Widened io;
+  GemmArgs w = g;
+  w.dt = DType::F32;
+  w.a =
+      io.in(g.a, extent(g.batch, g.stride_a, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda));
+  w.b =
+      io.in(g.b, extent(g.batch, g.stride_b, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb));
+  w.bias = io.in(g.bias, g.bias_rows * g.n);
+  std::vector<float> c(std::size_t(g.batch * g.m * g.n));
+  w.c = c.data();
+  w.ldc = g.n;
+  w.stride_c = g.m * g.n;
+  ref::gemm<float>(w, blas_matmul<float>);
+  for (i64 bi = 0; bi < g.batch; ++bi) {
+    for (i64 i = 0; i < g.m; ++i) {
+      ref::convert(c.data() + (bi * g.m + i) * g.n, DType::F32,
+                   static_cast<BF16*>(g.c) + bi * g.stride_c + i * g.ldc, DType::BF16, g.n);
+    }
+  }
+}
+
+class CpuKernels final : public Kernels {
+ public:
+  Device device() const override { return Device::CPU; }
+
+  // ---- memory ----
+  void* allocate(std::size_t bytes, int ordinal) const override {
+    COMMTRACE_CHECK(ordinal == 0, ErrorCode::InvalidArgument,
+                    "allocate: cpu device ordinal {} is out of range [0, 1)", ordinal);
+    void* p = std::malloc(bytes == 0 ? 1 : bytes);
+    COMMTRACE_CHECK(p != nullptr, ErrorCode::Backend, "allocate: cpu out of memory ({} bytes)",
+                    bytes);
+    return p;
+  }
+  void deallocate(void* p, std::size_t, int) const override { std::free(p); }
+  void copy(void* dst, const void* src, std::size_t bytes) const override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void copy_from_host(void* dst, const void* host_src, std::size_t bytes) const override {
+    copy(dst, host_src, bytes);
+  }
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) const override {
+    copy(host_dst, src, bytes);
+  }
+  void convert(const void* in, DType in_dt, void* out, DType out_dt, i64 n) const override {
+    ref::convert(in, in_dt, out, out_dt, n);
+  }
+  void fill(DType dt, void* out, double value, i64 n) const override {
+    ref::fill(dt, out, value, n);
+  }
+
+  // ---- GEMM ----
+  void gemm(const GemmArgs& g) const override {
+    switch (g.dt) {
+      case DType::F32:
+        return ref::gemm<float>(g, blas_matmul<float>);
+      case DType::F64:
+        return ref::gemm<double>(g, blas_matmul<double>);
+      case DType::BF16:
+        return gemm_bf16(g);
+      case DType::I64:
+        break;
+    }
+    unsupported("gemm", g.dt, "f32, f64 or bf16");
+  }
+
+  // ---- elementwise ----
+  void binary(DType dt, BinaryOp op, const void* a, const Shape& a_shape, const void* b,
+              const Shape& b_shape, void* out, const Shape& out_shape) const override {
+    floating("binary", dt, [&](auto& io) {
+      ref::binary(op, io.in(a, numel(a_shape)), a_shape, io.in(b, numel(b_shape)), b_shape,
+                  io.out(out, numel(out_shape)), out_shape);
+    });
+  }
+  void sum_to(DType dt, const void* in, const Shape& in_shape, void* out,
+              const Shape& target_shape) const override {
+    floating("sum_to", dt, [&](auto& io) {
+      ref::sum_to(io.in(in, numel(in_shape)), in_shape, io.out(out, numel(target_shape)),
+                  target_shape);
+    });
+  }
+  void scale(DType dt, const void* x, double s, void* out, i64 n) const override {
+    floating("scale", dt, [&](auto& io) { ref::scale(io.in(x, n), s, io.out(out, n), n); });
+  }
+  void add_scalar(DType dt, const void* x, double s, void* out, i64 n) const override {
+    floating("add_scalar", dt,
+             [&](auto& io) { ref::add_scalar(io.in(x, n), s, io.out(out, n), n); });
+  }
+  void relu_forward(DType dt, const void* x, void* out, i64 n) const override {
+    floating("relu_forward", dt,
+             [&](auto& io) { ref::relu_forward(io.in(x, n), io.out(out, n), n); });
+  }
+  void relu_backward(DType dt, const void* grad_out, const void* x, void* grad_in,
+                     i64 n) const override {
+    floating("relu_backward", dt, [&](auto& io) {
+      ref::relu_backward(io.in(grad_out, n), io.in(x, n), io.out(grad_in, n), n);
+    });
+  }
+  void gelu_forward(DType dt, const void* x, void* out, i64 n) const override {
+    floating("gelu_forward", dt,
+             [&](auto& io) { ref::gelu_forward(io.in(x, n), io.out(out, n), n); });
+  }
+  void gelu_backward(DType dt, const void* grad_out, const void* x, void* grad_in,
+                     i64 n) const override {
+    floating("gelu_backward", dt, [&](auto& io) {
+      ref::gelu_backward(io.in(grad_out, n), io.in(x, n), io.out(grad_in, n), n);
+    });
+  }
+  void dropout_forward(DType dt, const void* x, void* out, void* mask, i64 n, double p,
+                       std::uint64_t seed) const override {
+    floating("dropout_forward", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      ref::dropout_forward(io.in(x, n), io.out(out, n), acc<T>(mask), n, p, seed);
+    });
+  }
+  void dropout_backward(DType dt, const void* grad_out, const void* mask, void* grad_in,
+                        i64 n) const override {
+    floating("dropout_backward", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      ref::dropout_backward(io.in(grad_out, n), acc<T>(mask), io.out(grad_in, n), n);
+    });
+  }
+
+  // ---- row-wise, reductions ----
+  void softmax_forward(DType dt, const void* x, void* out, i64 rows, i64 cols) const override {
+    floating("softmax_forward", dt, [&](auto& io) {
+      ref::softmax_forward(io.in(x, rows * cols), io.out(out, rows * cols), rows, cols);
+    });
+  }
+  void softmax_backward(DType dt, const void* grad_out, const void* out, void* grad_in, i64 rows,
+                        i64 cols) const override {
+    floating("softmax_backward", dt, [&](auto& io) {
+      const i64 n = rows * cols;
+      ref::softmax_backward(io.in(grad_out, n), io.in(out, n), io.out(grad_in, n), rows, cols);
+    });
+  }
+  void layernorm_forward(DType dt, const void* x, const void* w, const void* b, void* out,
+                         void* mean, void* rstd, i64 rows, i64 cols, double eps) const override {
+    floating("layernorm_forward", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      const i64 n = rows * cols;
+      ref::layernorm_forward(io.in(x, n), io.in(w, cols), io.in(b, cols), io.out(out, n),
+                             acc<T>(mean), acc<T>(rstd), rows, cols, eps);
+    });
+  }
+  void layernorm_backward(DType dt, const void* grad_out, const void* x, const void* w,
+                          const void* mean, const void* rstd, void* grad_x, void* grad_w,
+                          void* grad_b, i64 rows, i64 cols) const override {
+    floating("layernorm_backward", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      const i64 n = rows * cols;
+      ref::layernorm_backward(io.in(grad_out, n), io.in(x, n), io.in(w, cols), acc<T>(mean),
+                              acc<T>(rstd), io.out(grad_x, n), io.out(grad_w, cols),
+                              io.out(grad_b, cols), rows, cols);
+    });
+  }
+  void sum_dim(DType dt, const void* x, void* out, i64 outer, i64 dim, i64 inner) const override {
+    floating("sum_dim", dt, [&](auto& io) {
+      ref::sum_dim(io.in(x, outer * dim * inner), io.out(out, outer * inner), outer, dim, inner);
+    });
+  }
+  void sum_all(DType dt, const void* x, void* out, i64 n) const override {
+    floating("sum_all", dt, [&](auto& io) { ref::sum_all(io.in(x, n), io.out(out, 1), n); });
+  }
+
+  // ---- embedding ----
+  void embedding_forward(DType dt, const i64* idx, i64 n, const void* weight, i64 row_begin,
+                         i64 rows, i64 vocab, i64 dim, void* out) const override {
+    floating("embedding_forward", dt, [&](auto& io) {
+      ref::embedding_forward(idx, n, io.in(weight, rows * dim), row_begin, rows, vocab, dim,
+                             io.out(out, n * dim));
+    });
+  }
+  void embedding_backward(DType dt, const void* grad_out, const i64* idx, i64 n, void* grad_weight,
+                          i64 row_begin, i64 rows, i64 dim) const override {
+    floating("embedding_backward", dt, [&](auto& io) {
+      ref::embedding_backward(io.in(grad_out, n * dim), idx, n, io.out(grad_weight, rows * dim),
+                              row_begin, rows, dim);
+    });
+  }
+
+  // ---- attention ----
+  void attention_forward(DType dt, const void* q, const void* k, const void* v, void* out,
+                         void* probs, i64 bh, i64 t, i64 d, double scale,
+                         bool causal) const override {
+    floating("attention_forward", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      const i64 n = bh * t * d;
+      ref::attention_forward(io.in(q, n), io.in(k, n), io.in(v, n), io.out(out, n), acc<T>(probs),
+                             bh, t, d, scale, causal, blas_matmul<T>);
+    });
+  }
+  void attention_backward(DType dt, const void* grad_out, const void* q, const void* k,
+                          const void* v, const void* probs, void* grad_q, void* grad_k,
+                          void* grad_v, i64 bh, i64 t, i64 d, double scale) const override {
+    floating("attention_backward", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      const i64 n = bh * t * d;
+      ref::attention_backward(io.in(grad_out, n), io.in(q, n), io.in(k, n), io.in(v, n),
+                              acc<T>(probs), io.out(grad_q, n), io.out(grad_k, n),
+                              io.out(grad_v, n), bh, t, d, scale, blas_matmul<T>);
+    });
+  }
+
+  // ---- cross-entropy ----
+  void cross_entropy_forward(DType dt, const void* logits, const i64* targets, i64 n, i64 c,
+                             void* loss) const override {
+    floating("cross_entropy_forward", dt, [&](auto& io) {
+      ref::cross_entropy_forward(io.in(logits, n * c), targets, n, c, io.out(loss, 1));
+    });
+  }
+  void cross_entropy_backward(DType dt, const void* grad_loss, const void* logits,
+                              const i64* targets, void* grad_logits, i64 n, i64 c) const override {
+    floating("cross_entropy_backward", dt, [&](auto& io) {
+      ref::cross_entropy_backward(io.in(grad_loss, 1), io.in(logits, n * c), targets,
+                                  io.out(grad_logits, n * c), n, c);
+    });
+  }
+
+  // ---- layout ----
+  void permute(DType dt, const void* in, const Shape& in_shape, const int* perm,
+               void* out) const override {
+    by_size(dt, [&](auto tag) {
+      using U = decltype(tag);
+      ref::permute(static_cast<const U*>(in), in_shape, perm, static_cast<U*>(out));
+    });
+  }
+  void narrow(DType dt, const void* in, const Shape& in_shape, int dim, i64 start, i64 len,
+              void* out) const override {
+    by_size(dt, [&](auto tag) {
+      using U = decltype(tag);
+      ref::narrow(static_cast<const U*>(in), in_shape, dim, start, len, static_cast<U*>(out));
+    });
+  }
+  void narrow_scatter(DType dt, const void* src, const Shape& src_shape, int dim, i64 start,
+                      void* dst, const Shape& dst_shape) const override {
+    by_size(dt, [&](auto tag) {
+      using U = decltype(tag);
+      ref::narrow_scatter(static_cast<const U*>(src), src_shape, dim, start, static_cast<U*>(dst),
+                          dst_shape);
+    });
+  }
+
+  // ---- optimizers ----
+  void sgd_step(DType dt, void* p, const void* g, void* momentum_buf, i64 n,
+                const SgdArgs& a) const override {
+    param("sgd_step", dt, [&](auto tag) {
+      using T = decltype(tag);
+      ref::sgd_step(static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(momentum_buf), n,
+                    a);
+    });
+  }
+  void adamw_step(DType dt, void* p, const void* g, void* m, void* v, i64 n,
+                  const AdamWArgs& a) const override {
+    param("adamw_step", dt, [&](auto tag) {
+      using T = decltype(tag);
+      ref::adamw_step(static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(m),
+                      static_cast<T*>(v), n, a);
+    });
+  }
+
+  // ---- collectives' arithmetic ----
+  void reduce(DType dt, ReduceOp op, const void* const* srcs, int n_srcs, void* const* dsts,
+              int n_dsts, i64 begin, i64 end) const override {
+    switch (dt) {
+      case DType::F32:
+        return reduce_typed<float>(op, srcs, n_srcs, dsts, n_dsts, begin, end);
+      case DType::F64:
+        return reduce_typed<double>(op, srcs, n_srcs, dsts, n_dsts, begin, end);
+      case DType::I64:
+        return reduce_typed<i64>(op, srcs, n_srcs, dsts, n_dsts, begin, end);
+      case DType::BF16:
+        return reduce_bf16(op, srcs, n_srcs, dsts, n_dsts, begin, end);
+    }
+    unsupported("reduce", dt, "f32, f64, bf16 or i64");
+  }
+
+ private:
+  template <typename T>
+  static void reduce_typed(ReduceOp op, const void* const* srcs, int n_srcs, void* const* dsts,
+                           int n_dsts, i64 begin, i64 end) {
+    std::vector<const T*> s;
+    std::vector<T*> d;
+    for (int j = 0; j < n_srcs; ++j) s.push_back(static_cast<const T*>(srcs[j]));
+    for (int j = 0; j < n_dsts; ++j) d.push_back(static_cast<T*>(dsts[j]));
+    ref::reduce<T>(op, s.data(), n_srcs, d.data(), n_dsts, begin, end);
+  }
+
+  // Every source range is widened before any destination is written (dsts may alias srcs).
+  static void reduce_bf16(ReduceOp op, const void* const* srcs, int n_srcs, void* const* dsts,
+                          int n_dsts, i64 begin, i64 end) {
+    const i64 len = end > begin ? end - begin : 0;
+    Widened io;
+    std::vector<const float*> s;
+    for (int j = 0; j < n_srcs; ++j)
+      s.push_back(io.in(static_cast<const BF16*>(srcs[j]) + begin, len));
+    std::vector<float> out(static_cast<std::size_t>(len));
+    float* o = out.data();
+    ref::reduce<float>(op, s.data(), n_srcs, &o, 1, 0, len);
+    for (int j = 0; j < n_dsts; ++j) {
+      ref::convert(o, DType::F32, static_cast<BF16*>(dsts[j]) + begin, DType::BF16, len);
+    }
+  }
+};
+
+}  // namespace
+
+// The one instance behind kernels_for(Device::CPU) (kernels/backend.cpp).
+const Kernels& cpu_backend() {
+  static const CpuKernels k;
+  return k;
+}
+
+}  // namespace commtrace
