@@ -8,9 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "parallel/models.h"
-#include "parallel/runner.h"
-#include "parallel/train.h"
+#include "parallel/nn/models.h"
+#include "parallel/run/runner.h"
+#include "parallel/run/train.h"
 #include "report/baseline.h"
 #include "report/consistency.h"
 #include "report/diff.h"

@@ -8,11 +8,11 @@
 #include <mutex>
 #include <optional>
 
-#include "parallel/launch.h"
-#include "parallel/models.h"
-#include "parallel/ops.h"
-#include "parallel/optim.h"
-#include "parallel/style.h"
+#include "parallel/comm/launch.h"
+#include "parallel/nn/models.h"
+#include "parallel/nn/optim.h"
+#include "parallel/plans/style.h"
+#include "parallel/tensor/ops.h"
 #include "report/torch_compat.h"
 #include "tracer/tracer.h"
 

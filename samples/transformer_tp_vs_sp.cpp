@@ -2,7 +2,7 @@
 // plan on 4 ranks, prints each run's per-iteration summary and then their diff: TP's
 // all_reduces become SP's all_gather + reduce_scatter pairs (same bytes moved, activations
 // sharded along the sequence between them).
-#include "parallel/runner.h"
+#include "parallel/run/runner.h"
 #include "report/diff.h"
 #include "report/tree.h"
 

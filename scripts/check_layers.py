@@ -2,7 +2,10 @@
 """Checks the layer table of DESIGN.md §1 on the #include lines of commtrace's sources.
 
 Scans every .h/.hpp/.cpp/.cu/.cuh file under kernels/ tracer/ parallel/ report/ cli/ samples/
-and reports each project include that crosses the table, as `file:line: ... [rule]`.
+and reports each project include that crosses the table, as `file:line: ... [rule]`. Inside
+parallel/ the sub-folders are layers too, in the order tensor, comm, dtensor, nn, plans, run (a
+file includes its own folder and those before it), and of kernels/ only the device seam
+(kernels/base.h, kernels/backend.h) may be included.
 Exit status: 0 clean, 1 violations found (or self-test failed), 2 usage error.
 
     check_layers.py [ROOT]      check the tree at ROOT (default: the repository of this script)
@@ -36,6 +39,29 @@ LAYERS = {
 }
 # Top-level folders whose headers count as "ours" (tests/ is ours but is not a layer to scan).
 PROJECT_FOLDERS = set(LAYERS) | {"tests"}
+
+# Inside parallel/: the sub-layers in one-way order; a file may include its own sub-folder and
+# those before it. Of kernels/, parallel/ sees only the device seam.
+PARALLEL_ORDER = ["tensor", "comm", "dtensor", "nn", "plans", "run"]
+PARALLEL_KERNELS = {"kernels/base.h", "kernels/backend.h"}
+
+
+def parallel_rule(src_rel, target):
+    """The rule a parallel/ file's include of `target` breaks, or None."""
+    parts = src_rel.split("/")
+    sub = parts[1] if len(parts) > 2 else None
+    if target.startswith("kernels/") and target not in PARALLEL_KERNELS:
+        return "parallel/ may include of kernels/ only the device seam (base.h, backend.h)"
+    if not target.startswith("parallel/"):
+        return None
+    if sub not in PARALLEL_ORDER:
+        return f"parallel/ files live in one of {', '.join(PARALLEL_ORDER)}/"
+    tparts = target.split("/")
+    tsub = tparts[1] if len(tparts) > 2 else None
+    allowed = PARALLEL_ORDER[: PARALLEL_ORDER.index(sub) + 1]
+    if tsub not in allowed:
+        return f"parallel/{sub}/ may include only parallel/{{{', '.join(allowed)}}}/"
+    return None
 
 INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^">\n]+)[">]')
 
@@ -132,11 +158,16 @@ def check_tree(root):
                     if target is None:
                         continue
                     checked += 1
+                    shown = m.group(1) + m.group(2).strip() + ('"' if m.group(1) == '"' else ">")
+                    if layer == "parallel":
+                        sub_rule = parallel_rule(rel, target)
+                        if sub_rule:
+                            violations.append((rel, lineno, shown, target, sub_rule))
+                            continue
                     if allowed is None or target in exact:
                         continue
                     if target.split("/", 1)[0] in allowed:
                         continue
-                    shown = m.group(1) + m.group(2).strip() + ('"' if m.group(1) == '"' else ">")
                     violations.append((rel, lineno, shown, target, rule))
     return violations, files, checked, found
 
@@ -185,13 +216,20 @@ SELF_TEST_TREE = {
         '#include "tracer/tracer.h"\n'
     ),
     "tracer/bad.h": '#pragma once\n#include "tracer/trace.h"\n#include "kernels/cpu.h"  // BAD\n',
-    "parallel/ops.cpp": (
-        '#include "kernels/cpu.h"\n'
+    "parallel/tensor/ops.cpp": (
+        '#include "kernels/backend.h"\n'
         '#  include "tracer/trace.h"\n'
-        '#include "parallel/ops.h"\n'
+        '#include "parallel/tensor/ops.h"\n'
         "#include <parallel/algorithm>\n"
         '#include "report/json.h"  // BAD\n'
+        '#include "parallel/dtensor/dtensor.h"  // BAD\n'
+        '#include "kernels/cpu.h"  // BAD\n'
     ),
+    "parallel/nn/models.cpp": (
+        '#include "parallel/tensor/ops.h"\n#include "parallel/dtensor/dtensor.h"\n'
+        '#include "parallel/nn/nn.h"\n#include "parallel/run/runner.h"  // BAD\n'
+    ),
+    "parallel/loose.cpp": '#include "parallel/tensor/ops.h"  // BAD\n',
     "report/text.cpp": (
         '#include "report/text.h"\n'
         '#include "tracer/trace.h"\n'
@@ -199,10 +237,11 @@ SELF_TEST_TREE = {
         "#include <nlohmann/json.hpp>\n"
     ),
     "samples/tp_example.cpp": (
-        '#include "parallel/ops.h"\n#include "report/text.h"\n#include "kernels/cpu.h"  // BAD\n'
+        '#include "parallel/tensor/ops.h"\n#include "report/text.h"\n'
+        '#include "kernels/cpu.h"  // BAD\n'
     ),
     "cli/main.cpp": (
-        '#include "kernels/cpu.h"\n#include "tracer/trace.h"\n#include "parallel/ops.h"\n'
+        '#include "kernels/cpu.h"\n#include "tracer/trace.h"\n#include "parallel/tensor/ops.h"\n'
         '#include "report/text.h"\n#include "samples/models.h"\n#include "tests/catch_compat.h"\n'
     ),
     "cli/README.txt": '#include "kernels/cpu.h"\n',  # not a source file: ignored

@@ -9,8 +9,8 @@
 #include <numeric>
 #include <vector>
 
-#include "parallel/comm.h"
-#include "parallel/launch.h"
+#include "parallel/comm/comm.h"
+#include "parallel/comm/launch.h"
 
 using namespace commtrace;
 

@@ -7,10 +7,10 @@
 #include <optional>
 
 #include "kernels/backend.h"
-#include "parallel/models.h"
-#include "parallel/ops.h"
-#include "parallel/optim.h"
-#include "parallel/runner.h"
+#include "parallel/nn/models.h"
+#include "parallel/nn/optim.h"
+#include "parallel/run/runner.h"
+#include "parallel/tensor/ops.h"
 #include "tracer/tracer.h"
 
 using namespace commtrace;

@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "parallel/comm.h"
-#include "parallel/launch.h"
+#include "parallel/comm/comm.h"
+#include "parallel/comm/launch.h"
 #include "tests/catch_compat.h"
 #include "tests/test_util.h"
 #include "tracer/tracer.h"

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "parallel/autograd.h"
-#include "parallel/dtensor.h"
-#include "parallel/launch.h"
-#include "parallel/ops.h"
+#include "parallel/comm/launch.h"
+#include "parallel/dtensor/dtensor.h"
+#include "parallel/tensor/autograd.h"
+#include "parallel/tensor/ops.h"
 #include "tests/catch_compat.h"
 #include "tests/test_util.h"
 #include "tracer/tracer.h"

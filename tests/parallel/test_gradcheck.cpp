@@ -9,10 +9,10 @@
 #include <utility>
 #include <vector>
 
-#include "parallel/autograd.h"
-#include "parallel/ops.h"
-#include "parallel/random.h"
-#include "parallel/tensor.h"
+#include "parallel/tensor/autograd.h"
+#include "parallel/tensor/ops.h"
+#include "parallel/tensor/random.h"
+#include "parallel/tensor/tensor.h"
 #include "tests/catch_compat.h"
 
 using namespace commtrace;

@@ -3,10 +3,10 @@
 #include <string>
 #include <vector>
 
-#include "parallel/models.h"
-#include "parallel/ops.h"
-#include "parallel/optim.h"
-#include "parallel/train.h"
+#include "parallel/nn/models.h"
+#include "parallel/nn/optim.h"
+#include "parallel/run/train.h"
+#include "parallel/tensor/ops.h"
 #include "tests/catch_compat.h"
 
 using namespace commtrace;

@@ -4,9 +4,9 @@
 #include <mutex>
 #include <string>
 
-#include "parallel/models.h"
-#include "parallel/runner.h"
-#include "parallel/style.h"
+#include "parallel/nn/models.h"
+#include "parallel/plans/style.h"
+#include "parallel/run/runner.h"
 #include "tests/catch_compat.h"
 #include "tests/test_util.h"
 #include "tracer/tracer.h"

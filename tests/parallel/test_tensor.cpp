@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "parallel/ops.h"
-#include "parallel/tensor.h"
+#include "parallel/tensor/ops.h"
+#include "parallel/tensor/tensor.h"
 #include "tests/catch_compat.h"
 #include "tests/test_util.h"
 #include "tracer/tracer.h"

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "parallel/runner.h"
+#include "parallel/run/runner.h"
 #include "report/baseline.h"
 #include "report/consistency.h"
 #include "report/counts.h"

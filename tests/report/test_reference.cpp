@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "parallel/runner.h"
+#include "parallel/run/runner.h"
 #include "report/counts.h"
 #include "tests/catch_compat.h"
 #include "tracer/collectives.h"

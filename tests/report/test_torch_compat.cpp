@@ -13,9 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "parallel/launch.h"
-#include "parallel/ops.h"
-#include "parallel/runner.h"
+#include "parallel/comm/launch.h"
+#include "parallel/run/runner.h"
+#include "parallel/tensor/ops.h"
 #include "report/names.h"
 #include "report/torch_compat.h"
 #include "tests/catch_compat.h"

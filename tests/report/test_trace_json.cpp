@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "parallel/runner.h"
+#include "parallel/run/runner.h"
 #include "report/baseline.h"
 #include "report/trace_json.h"
 #include "tests/catch_compat.h"

@@ -3,7 +3,7 @@
 // per-iteration summary with nccl-tests' busbw factors.
 #include <string>
 
-#include "parallel/runner.h"
+#include "parallel/run/runner.h"
 #include "report/tree.h"
 #include "tests/catch_compat.h"
 #include "tests/test_util.h"

@@ -4,9 +4,9 @@
 #include <map>
 #include <string>
 
-#include "parallel/models.h"
-#include "parallel/ops.h"
-#include "parallel/optim.h"
+#include "parallel/nn/models.h"
+#include "parallel/nn/optim.h"
+#include "parallel/tensor/ops.h"
 #include "report/summary.h"
 #include "tests/catch_compat.h"
 #include "tracer/tracer.h"

@@ -1,0 +1,437 @@
+// The "threads" backend: every rank is a thread of one process and collectives move data through
+// shared memory. Per group there is one rendezvous (mutex, condvar, one slot per group rank);
+// send/recv go through per-(src, dst) mailboxes of the same group. It never hangs: every wait
+// polls the World's abort flag, the finished ranks and a timeout. It is not a performance model
+// of a real interconnect; it exists to run TP/SP programs with real numbers on one machine.
+//
+// A collective, on each rank:
+//   1. arrive: post {call, seq, buffers} in the rank's slot and wait until every rank of the group
+//      posted the same call at the same seq (a different call at that seq is a mismatch error);
+//   2. data step, outside the lock: read the peers' buffers directly and write (see below);
+//   3. depart: mark the step done and wait until every rank is done, so that nobody returns (and
+//      frees or reuses a buffer) while a peer still reads or writes it.
+// all_reduce splits the elements into one chunk per rank; rank r reduces chunk r over the inputs
+// of ranks 0..n-1 in that order and writes the result into chunk r of EVERY rank's tensor (the
+// shared-memory form of reduce_scatter + all_gather). Each element is read n times and written n
+// times in all, the work is spread over the ranks, no scratch buffer is needed (chunk r of every
+// tensor is touched by rank r only, so in-place is safe), and one rank computes each element, so
+// every rank gets the same bits. reduce_scatter is the same with one output. The arithmetic is
+// the CPU kernels' reduce (kernels/backend.h), which combines the sources in the order given.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+
+#include "kernels/backend.h"
+#include "parallel/comm/backend.h"
+
+namespace commtrace {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+// Longest a wait sleeps before it looks at the abort flag, finished ranks and its deadline again
+// (state changes also notify the condvar, so most waits end sooner).
+constexpr auto kWaitSlice = std::chrono::milliseconds(10);
+
+// What a rank asks for at one sequence number; every rank of the group must ask for the same.
+struct CallDesc {
+  Collective op = Collective::Barrier;
+  DType dtype = DType::F32;
+  Shape shape;  // t for all_reduce and broadcast, in for the others; empty for barrier
+  ReduceOp reduce = ReduceOp::None;
+  int root = -1;
+
+  bool operator==(const CallDesc& o) const {
+    return op == o.op && dtype == o.dtype && shape == o.shape && reduce == o.reduce &&
+           root == o.root;
+  }
+};
+
+// "all_reduce(f32[4, 4], sum)", "broadcast(f32[4], root 0)", "barrier()".
+std::string call_str(const CallDesc& d) {
+  if (d.op == Collective::Barrier) return "barrier()";
+  std::string s =
+      fmt::format("{}({}{}", collective_name(d.op), dtype_name(d.dtype), shape_str(d.shape));
+  if (d.reduce != ReduceOp::None) s += fmt::format(", {}", reduce_op_name(d.reduce));
+  if (d.root >= 0) s += fmt::format(", root {}", d.root);
+  return s + ")";
+}
+
+struct Slot {
+  std::uint64_t posted = 0;  // seq + 1 of the call last posted; 0: none yet
+  bool active = false;       // inside that call: buffers valid, counts towards arrival
+  std::uint64_t done = 0;    // seq + 1 of the last call whose data step this rank finished
+  CallDesc desc;             // kept after a failed call so that peers still see a mismatch
+  std::uint64_t left = 0;    // seq + 1 of a call this rank left with an error (timeout, ...)
+  std::string left_error;    // that error, for the peers still waiting in the call
+  const void* in = nullptr;
+  void* out = nullptr;
+};
+
+struct Message {
+  std::uint64_t seq;
+  DType dtype;
+  Shape shape;
+  std::vector<char> data;
+};
+
+struct GroupState {
+  GroupState(std::string n, std::vector<int> r)
+      : name(std::move(n)), ranks(std::move(r)), slots(ranks.size()) {}
+  const std::string name;
+  const std::vector<int> ranks;  // global ranks in group order
+  std::mutex mu;                 // guards everything below
+  std::condition_variable cv;    // notified on every change
+  std::vector<Slot> slots;
+  std::map<std::pair<int, int>, std::deque<Message>> mail;  // (src, dst) group ranks
+};
+
+std::string rank_set(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return "{" + s + "}";
+}
+
+// ---- data steps ----
+
+const char* byte_ptr(const void* p, std::int64_t offset) {
+  return static_cast<const char*>(p) + offset;
+}
+char* byte_ptr(void* p, std::int64_t offset) { return static_cast<char*>(p) + offset; }
+
+// ---- the world and the communicator ----
+
+class ThreadsWorld final : public World {
+ public:
+  ThreadsWorld(int world_size, double timeout_s)
+      : World(world_size, "threads"), timeout_s_(timeout_s) {}
+  double timeout_s() const { return timeout_s_; }
+
+ protected:
+  std::shared_ptr<Communicator> make_communicator(const std::string& group,
+                                                  const std::vector<int>& ranks,
+                                                  int global_rank) override;
+  void wake_all() override {
+    std::vector<std::shared_ptr<GroupState>> groups;
+    {
+      std::lock_guard<std::mutex> lock(groups_mu_);
+      for (auto& [key, g] : groups_) groups.push_back(g);
+    }
+    for (auto& g : groups) {
+      std::lock_guard<std::mutex> lock(g->mu);
+      g->cv.notify_all();
+    }
+  }
+
+ private:
+  double timeout_s_;
+  std::mutex groups_mu_;
+  std::map<std::string, std::shared_ptr<GroupState>> groups_;  // by name + ranks
+};
+
+class ThreadsCommunicator final : public Communicator {
+ public:
+  ThreadsCommunicator(const std::string& group, const std::vector<int>& ranks, int global_rank,
+                      std::shared_ptr<ThreadsWorld> world, std::shared_ptr<GroupState> state)
+      : Communicator(group, ranks, global_rank),
+        world_(std::move(world)),
+        state_(std::move(state)),
+        global_rank_(global_rank) {}
+
+  const char* backend_name() const override { return "threads"; }
+
+ protected:
+  bool supports_device(Device d) const override { return d == Device::CPU; }
+
+  void run(const CollectiveCall& c) override {
+    Tensor& out = const_cast<Tensor&>(*(c.out ? c.out : c.in));
+    switch (c.op) {
+      case Collective::AllReduce:
+        return do_all_reduce(out, c.reduce, c.seq);
+      case Collective::AllGather:
+        return do_all_gather(*c.in, out, c.seq);
+      case Collective::ReduceScatter:
+        return do_reduce_scatter(*c.in, out, c.reduce, c.seq);
+      case Collective::AllToAll:
+        return do_all_to_all(*c.in, out, c.seq);
+      case Collective::Broadcast:
+        return do_broadcast(out, c.root, c.seq);
+      case Collective::Send:
+        return do_send(*c.in, c.peer, c.seq);
+      case Collective::Recv:
+        return do_recv(out, c.peer, c.seq);
+      case Collective::Barrier:
+        return do_barrier(c.seq);
+    }
+  }
+
+ private:
+  void do_all_reduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
+    const DType dt = t.dtype();
+    const std::int64_t n_elems = t.numel();
+    void* buf = data_of(t);
+    collective({Collective::AllReduce, dt, t.shape(), op, -1}, buf, buf, seq,
+               [&](const std::vector<const void*>& ins, const std::vector<void*>& outs) {
+                 // Chunk bounds are multiples of 64 elements so ranks write different lines.
+                 const int n = size();
+                 auto bound = [&](int r) -> std::int64_t {
+                   if (r >= n) return n_elems;
+                   return std::min(n_elems, (n_elems * r / n) / 64 * 64);
+                 };
+                 kernels_for(Device::CPU)
+                     .reduce(dt, op, ins.data(), n, outs.data(), n, bound(rank()),
+                             bound(rank() + 1));
+               });
+  }
+
+  void do_all_gather(const Tensor& in, Tensor& out, std::uint64_t seq) {
+    const std::int64_t bytes = in.numel() * std::int64_t(dtype_size(in.dtype()));
+    void* dst = data_of(out);
+    collective({Collective::AllGather, in.dtype(), in.shape(), ReduceOp::None, -1}, data_of(in),
+               dst, seq, [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
+                 for (int j = 0; j < size(); ++j) {
+                   std::memcpy(byte_ptr(dst, j * bytes), ins[std::size_t(j)], std::size_t(bytes));
+                 }
+               });
+  }
+
+  void do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, std::uint64_t seq) {
+    const DType dt = in.dtype();
+    const std::int64_t chunk = out.numel();
+    const std::int64_t offset = rank() * chunk * std::int64_t(dtype_size(dt));
+    void* dst = data_of(out);
+    collective(
+        {Collective::ReduceScatter, dt, in.shape(), op, -1}, data_of(in), dst, seq,
+        [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
+          std::vector<const void*> srcs;
+          for (const void* p : ins) srcs.push_back(byte_ptr(p, offset));
+          kernels_for(Device::CPU).reduce(dt, op, srcs.data(), int(srcs.size()), &dst, 1, 0, chunk);
+        });
+  }
+
+  void do_all_to_all(const Tensor& in, Tensor& out, std::uint64_t seq) {
+    const std::int64_t chunk_bytes = in.numel() / size() * std::int64_t(dtype_size(in.dtype()));
+    void* dst = data_of(out);
+    collective({Collective::AllToAll, in.dtype(), in.shape(), ReduceOp::None, -1}, data_of(in), dst,
+               seq, [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
+                 for (int j = 0; j < size(); ++j) {
+                   std::memcpy(byte_ptr(dst, j * chunk_bytes),
+                               byte_ptr(ins[std::size_t(j)], rank() * chunk_bytes),
+                               std::size_t(chunk_bytes));
+                 }
+               });
+  }
+
+  void do_broadcast(Tensor& t, int root, std::uint64_t seq) {
+    const std::size_t bytes = std::size_t(t.numel()) * dtype_size(t.dtype());
+    void* buf = data_of(t);
+    collective({Collective::Broadcast, t.dtype(), t.shape(), ReduceOp::None, root}, buf, buf, seq,
+               [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
+                 if (rank() != root) std::memcpy(buf, ins[std::size_t(root)], bytes);
+               });
+  }
+
+  void do_barrier(std::uint64_t seq) {
+    collective({Collective::Barrier, DType::F32, {}, ReduceOp::None, -1}, nullptr, nullptr, seq,
+               [](const std::vector<const void*>&, const std::vector<void*>&) {});
+  }
+
+  // Sends are eager: the data is copied into the (rank, peer) mailbox and send returns, so a ring
+  // where every rank sends before it receives cannot deadlock.
+  void do_send(const Tensor& t, int peer, std::uint64_t seq) {
+    Message m{seq, t.dtype(), t.shape(), {}};
+    const std::size_t bytes = std::size_t(t.numel()) * dtype_size(t.dtype());
+    m.data.resize(bytes);
+    if (bytes > 0) std::memcpy(m.data.data(), data_of(t), bytes);
+    GroupState& g = *state_;
+    std::lock_guard<std::mutex> lock(g.mu);
+    g.mail[{rank(), peer}].push_back(std::move(m));
+    g.cv.notify_all();
+  }
+
+  void do_recv(Tensor& t, int peer, std::uint64_t seq) {
+    GroupState& g = *state_;
+    const int peer_global = ranks()[std::size_t(peer)];
+    Message m;
+    {
+      std::unique_lock<std::mutex> lock(g.mu);
+      std::deque<Message>& box = g.mail[{peer, rank()}];
+      const auto deadline = deadline_from_now();
+      while (box.empty()) {
+        check_abort();
+        COMMTRACE_CHECK(!world_->finished(peer_global), ErrorCode::InvalidArgument,
+                        "rank {} waits in recv seq {} from rank {} on group '{}', but rank {} "
+                        "returned without sending it",
+                        global_rank_, seq, peer_global, g.name, peer_global);
+        COMMTRACE_CHECK(Clock::now() < deadline, ErrorCode::Aborted,
+                        "rank {} timed out after {}s waiting for ranks {{{}}} at recv seq {} on "
+                        "group '{}'",
+                        global_rank_, world_->timeout_s(), peer_global, seq, g.name);
+        g.cv.wait_for(lock, kWaitSlice);
+      }
+      m = std::move(box.front());
+      box.pop_front();
+    }
+    COMMTRACE_CHECK(m.seq == seq, ErrorCode::Internal,
+                    "recv: rank {} expected seq {} from rank {} on group '{}', got seq {}",
+                    global_rank_, seq, peer_global, g.name, m.seq);
+    COMMTRACE_CHECK(
+        m.dtype == t.dtype() && m.shape == t.shape(), ErrorCode::InvalidArgument,
+        "send/recv mismatch on group '{}' seq {}: rank {} sent {}{}, rank {} receives {}", g.name,
+        seq, peer_global, dtype_name(m.dtype), shape_str(m.shape), global_rank_, describe(t));
+    if (!m.data.empty()) std::memcpy(data_of(t), m.data.data(), m.data.size());
+  }
+
+  using Step = std::function<void(const std::vector<const void*>&, const std::vector<void*>&)>;
+
+  static void* data_of(const Tensor& t) { return t.raw_data(dtype_size(t.dtype())); }
+
+  Clock::time_point deadline_from_now() const {
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                              std::chrono::duration<double>(world_->timeout_s()));
+  }
+
+  void check_abort() const {
+    if (world_->aborted()) throw PeerAborted(world_->abort_message());
+  }
+
+  // The three phases of the file comment. step gets every rank's in and out buffer.
+  void collective(const CallDesc& d, const void* in, void* out, std::uint64_t seq,
+                  const Step& step) {
+    GroupState& g = *state_;
+    const std::size_t n = g.slots.size();
+    Slot& me = g.slots[std::size_t(rank())];
+    std::vector<const void*> ins(n);
+    std::vector<void*> outs(n);
+    std::unique_lock<std::mutex> lock(g.mu);
+    me.posted = seq + 1;
+    me.active = true;
+    me.desc = d;
+    me.in = in;
+    me.out = out;
+    g.cv.notify_all();
+    try {
+      wait_for_arrival(lock, d, seq);
+    } catch (const std::exception& e) {
+      // Withdraw under the same lock hold that saw the group incomplete: no peer can have seen
+      // this rank's buffers as ready, so they may be freed. desc stays for mismatch reports;
+      // the error tells the peers still waiting why this rank is gone.
+      me.active = false;
+      if (dynamic_cast<const PeerAborted*>(&e) == nullptr) {  // the abort flag tells them already
+        me.left = seq + 1;
+        me.left_error = e.what();
+      }
+      g.cv.notify_all();
+      throw;
+    }
+    for (std::size_t j = 0; j < n; ++j) {
+      ins[j] = g.slots[j].in;
+      outs[j] = g.slots[j].out;
+    }
+    lock.unlock();
+
+    std::exception_ptr error;
+    try {
+      step(ins, outs);
+    } catch (...) {
+      error = std::current_exception();
+    }
+
+    lock.lock();
+    me.done = seq + 1;
+    g.cv.notify_all();
+    // Every rank of the group arrived and a data step never blocks, so this wait ends. It does
+    // not stop on the abort flag or a timeout: leaving early would let this rank free a buffer
+    // a peer is still reading or writing.
+    auto all_done = [&] {
+      return std::all_of(g.slots.begin(), g.slots.end(),
+                         [&](const Slot& s) { return s.done >= seq + 1; });
+    };
+    while (!all_done()) g.cv.wait_for(lock, kWaitSlice);
+    me.active = false;
+    lock.unlock();
+    if (error) std::rethrow_exception(error);
+  }
+
+  // REQUIRES: lock holds state_->mu and this rank posted d at seq.
+  void wait_for_arrival(std::unique_lock<std::mutex>& lock, const CallDesc& d, std::uint64_t seq) {
+    GroupState& g = *state_;
+    const std::size_t n = g.slots.size();
+    const auto deadline = deadline_from_now();
+    std::vector<int> missing;
+    for (;;) {
+      for (std::size_t j = 0; j < n; ++j) {
+        const Slot& s = g.slots[j];
+        if (int(j) == rank() || s.posted != seq + 1 || s.desc == d) continue;
+        // Name the two calls in rank order so every involved rank reports the same text.
+        const bool me_first = rank() < int(j);
+        const int a = me_first ? global_rank_ : g.ranks[j];
+        const int b = me_first ? g.ranks[j] : global_rank_;
+        throw Error(ErrorCode::InvalidArgument,
+                    fmt::format("collective mismatch on group '{}' seq {}: rank {} called {}, rank "
+                                "{} called {}",
+                                g.name, seq, a, call_str(me_first ? d : s.desc), b,
+                                call_str(me_first ? s.desc : d)));
+      }
+      missing.clear();
+      for (std::size_t j = 0; j < n; ++j) {
+        const Slot& s = g.slots[j];
+        if (!(s.posted == seq + 1 && s.active)) missing.push_back(g.ranks[j]);
+      }
+      // Ready is checked before the abort flag: once every rank arrived, all of them go on
+      // together, so nobody frees a buffer that a peer is about to read.
+      if (missing.empty()) return;
+      check_abort();
+      for (std::size_t j = 0; j < n; ++j) {
+        const Slot& s = g.slots[j];
+        if (s.left != seq + 1) continue;
+        throw PeerAborted(fmt::format("rank {} left {} seq {} on group '{}': {}", g.ranks[j],
+                                      collective_name(d.op), seq, g.name, s.left_error));
+      }
+      for (int r : missing) {
+        COMMTRACE_CHECK(!world_->finished(r), ErrorCode::InvalidArgument,
+                        "rank {} waits in {} seq {} on group '{}', but rank {} returned without "
+                        "calling it",
+                        global_rank_, call_str(d), seq, g.name, r);
+      }
+      COMMTRACE_CHECK(Clock::now() < deadline, ErrorCode::Aborted,
+                      "rank {} timed out after {}s waiting for ranks {} at {} seq {} on group "
+                      "'{}'",
+                      global_rank_, world_->timeout_s(), rank_set(missing), collective_name(d.op),
+                      seq, g.name);
+      g.cv.wait_for(lock, kWaitSlice);
+    }
+  }
+
+  std::shared_ptr<ThreadsWorld> world_;
+  std::shared_ptr<GroupState> state_;
+  int global_rank_;
+};
+
+std::shared_ptr<Communicator> ThreadsWorld::make_communicator(const std::string& group,
+                                                              const std::vector<int>& ranks,
+                                                              int global_rank) {
+  std::shared_ptr<GroupState> state;
+  {
+    std::lock_guard<std::mutex> lock(groups_mu_);
+    auto& slot = groups_[group + shape_str(Shape(ranks.begin(), ranks.end()))];
+    if (!slot) slot = std::make_shared<GroupState>(group, ranks);
+    state = slot;
+  }
+  return std::make_shared<ThreadsCommunicator>(
+      group, ranks, global_rank, std::static_pointer_cast<ThreadsWorld>(shared_from_this()),
+      std::move(state));
+}
+
+}  // namespace
+
+std::shared_ptr<World> make_threads_world(int world_size, double timeout_s) {
+  return std::make_shared<ThreadsWorld>(world_size, timeout_s);
+}
+
+}  // namespace commtrace

@@ -1,0 +1,243 @@
+// The DTensor path of the op layer's dispatcher (its DistHooks): an op's rule lists candidate
+// strategies per mesh dim; they are expanded over the mesh (the Cartesian product, as DTensor's
+// single-dim strategies are) and the one with the lowest redistribute cost wins (PyTorch's cost
+// model; the first on ties). The inputs are redistributed (traced collectives, outside
+// autograd), the op runs once on the local shards, and each output is wrapped with its
+// placements. The op is recorded as a sharded op with global shapes before its collectives.
+#include <deque>
+#include <limits>
+#include <vector>
+
+#include "parallel/dtensor/dtensor.h"
+#include "parallel/tensor/op.h"
+#include "tracer/tracer.h"
+
+namespace commtrace {
+
+namespace {
+
+constexpr int kMaxMeshDims = 8;
+
+// The record's view of the DTensor path's inputs: local and global shapes and placements, the
+// last two dims swapped for transposed operands (as PyTorch records op(b)).
+class ShardedArgs {
+ public:
+  ShardedArgs(std::span<const Tensor> in, std::uint32_t transposed) {
+    views_.reserve(in.size());
+    for (std::size_t k = 0; k < in.size(); ++k) {
+      const Tensor& t = in[k];
+      if (!t.defined()) continue;
+      const DistSpec* d = is_dtensor(t) ? &dist_of(t) : nullptr;
+      if (!(k < 32 && ((transposed >> k) & 1u) && t.dim() >= 2)) {
+        views_.push_back(d ? ArgView{d->local.shape(), t.shape(), d->placements}
+                           : ArgView{t.shape(), {}, {}});
+        continue;
+      }
+      auto swap_last = [](Shape s) {
+        std::swap(s[s.size() - 2], s[s.size() - 1]);
+        return s;
+      };
+      Swapped& sw = swapped_.emplace_back();
+      sw.shape = swap_last(d ? d->local.shape() : t.shape());
+      sw.global = swap_last(t.shape());
+      if (d) {
+        const int last = t.dim() - 1;
+        sw.placements = d->placements;
+        for (Placement& p : sw.placements) {
+          if (p.is_shard() && p.dim >= last - 1) p.dim = p.dim == last ? last - 1 : last;
+        }
+      }
+      views_.push_back(ArgView{sw.shape, sw.global, sw.placements});
+    }
+  }
+  std::span<const ArgView> views() const { return views_; }
+
+ private:
+  struct Swapped {
+    Shape shape, global;
+    Placements placements;
+  };
+  std::vector<ArgView> views_;
+  std::deque<Swapped> swapped_;  // a deque: views point into its elements
+};
+
+// The chosen strategy: per input its target placements, per output its placements.
+struct Choice {
+  std::vector<Placements> inputs;
+  std::array<Placements, kMaxOpOutputs> outputs;
+};
+
+Choice choose(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a,
+              const DeviceMesh& mesh) {
+  const int ndim = mesh.ndim();
+  COMMTRACE_CHECK(ndim <= kMaxMeshDims, ErrorCode::Unsupported,
+                  "{}: a {}-d mesh has more than {} dims", op.name, ndim, kMaxMeshDims);
+  std::array<Strategies, kMaxMeshDims> per_dim;
+  std::array<Placement, kMaxRuleInputs> current{};
+  for (int d = 0; d < ndim; ++d) {
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      current[i] =
+          is_dtensor(in[i]) ? dist_of(in[i]).placements[std::size_t(d)] : Placement::replicate();
+    }
+    const RuleArgs r{in, std::span<const Placement>(current.data(), in.size()), mesh.size(d), a};
+    Strategies& s = per_dim[std::size_t(d)];
+    if (op.rule) {
+      op.rule(r, s);
+    } else {
+      s.add();  // every input and output Replicate
+    }
+    COMMTRACE_CHECK(s.size > 0, ErrorCode::Internal, "{}: sharding rule gave no strategy", op.name);
+  }
+  // The cheapest combination over the mesh, the first on ties.
+  std::array<int, kMaxMeshDims> pick{}, best{};
+  double best_cost = std::numeric_limits<double>::infinity();
+  bool found = false;
+  Placements target = Placements(std::size_t(ndim));
+  for (;;) {
+    double cost = 0;
+    for (std::size_t i = 0; i < in.size() && cost < best_cost; ++i) {
+      if (!is_dtensor(in[i])) continue;
+      for (int d = 0; d < ndim; ++d) {
+        target[std::size_t(d)] =
+            per_dim[std::size_t(d)].items[std::size_t(pick[std::size_t(d)])].inputs[i];
+      }
+      cost +=
+          redistribute_cost(in[i].shape(), in[i].dtype(), mesh, dist_of(in[i]).placements, target);
+    }
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = pick;
+      found = true;
+    }
+    int d = ndim - 1;
+    while (d >= 0 && ++pick[std::size_t(d)] == per_dim[std::size_t(d)].size) {
+      pick[std::size_t(d--)] = 0;
+    }
+    if (d < 0) break;
+  }
+  COMMTRACE_CHECK(found, ErrorCode::Unsupported, "{}: no sharding strategy fits these inputs",
+                  op.name);
+  Choice c;
+  c.inputs.assign(in.size(), Placements(std::size_t(ndim)));
+  for (auto& o : c.outputs) o.resize(std::size_t(ndim));
+  for (int d = 0; d < ndim; ++d) {
+    const DimStrategy& s = per_dim[std::size_t(d)].items[std::size_t(best[std::size_t(d)])];
+    for (std::size_t i = 0; i < in.size(); ++i) c.inputs[i][std::size_t(d)] = s.inputs[i];
+    for (int o = 0; o < op.n_outputs; ++o) {
+      c.outputs[std::size_t(o)][std::size_t(d)] = s.outputs[std::size_t(o)];
+    }
+  }
+  return c;
+}
+
+OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a) {
+  std::shared_ptr<const DeviceMesh> mesh;
+  std::size_t dtensors = 0;
+  for (const Tensor& t : in) {
+    if (!is_dtensor(t)) continue;
+    ++dtensors;
+    const auto& m = dist_of(t).mesh;
+    if (!mesh) mesh = m;
+    COMMTRACE_CHECK(m == mesh, ErrorCode::InvalidArgument,
+                    "{}: DTensor inputs on different meshes: {} and {}", op.name, mesh->str(),
+                    m->str());
+  }
+  for (const Tensor& t : in) {
+    COMMTRACE_CHECK(!t.defined() || is_dtensor(t) || t.dim() == 0 || t.dtype() == DType::I64,
+                    ErrorCode::InvalidArgument,
+                    "{}: mixes DTensor and plain tensor {} (wrap it with from_local)", op.name,
+                    describe(t));
+  }
+  COMMTRACE_CHECK(in.size() <= std::size_t(kMaxRuleInputs), ErrorCode::Unsupported,
+                  "{}: {} inputs with {} DTensors; sharded ops take at most {} inputs", op.name,
+                  in.size(), dtensors, kMaxRuleInputs);
+
+  std::array<OutSpec, kMaxOpOutputs> global;
+  op.shapes(in, a, global.data());
+  const Choice c = choose(op, in, a, *mesh);
+
+  Tracer* tracer = Tracer::current();
+  std::uint32_t record = 0;
+  if (tracer) {
+    const ShardedArgs args(in, a.transposed);
+    EventView e;
+    e.kind = op.kind;
+    e.name = op.name;
+    e.overload = op.overload;
+    for (const Tensor& t : in) {
+      if (t.defined()) {
+        e.dtype = t.dtype();
+        break;
+      }
+    }
+    e.sharded = true;
+    e.mesh = &mesh->info();
+    e.inputs = args.views();
+    record = tracer->begin(e);
+  }
+
+  std::vector<Tensor> locals;
+  locals.reserve(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const Tensor& t = in[i];
+    if (!is_dtensor(t)) {
+      locals.push_back(t);
+      continue;
+    }
+    const DistSpec& spec = dist_of(t);
+    locals.push_back(redistribute_local(spec.local, t.shape(), *mesh, spec.placements, c.inputs[i],
+                                        tracer ? fmt::format("{} input {}", op.name, i) : ""));
+  }
+  std::array<OutSpec, kMaxOpOutputs> local = global;
+  for (int o = 0; o < op.n_outputs; ++o) {
+    local[std::size_t(o)].shape =
+        local_shape_of(global[std::size_t(o)].shape, c.outputs[std::size_t(o)], *mesh);
+  }
+  std::array<int, kMaxMeshDims> sizes{}, coords{};
+  for (int d = 0; d < mesh->ndim(); ++d) {
+    sizes[std::size_t(d)] = mesh->size(d);
+    coords[std::size_t(d)] = mesh->coordinate(d);
+  }
+  const ShardInfo info{std::span<const int>(sizes.data(), std::size_t(mesh->ndim())),
+                       std::span<const int>(coords.data(), std::size_t(mesh->ndim())),
+                       c.outputs[0]};
+  const OpOutputs shards = run_local(op, locals, a, local.data(), &info);
+
+  OpOutputs out;
+  std::array<ArgView, kMaxOpOutputs> results{};
+  std::size_t n_results = 0;
+  for (int o = 0; o < op.n_outputs; ++o) {
+    const Tensor& shard = shards[std::size_t(o)];
+    if (!shard.defined()) continue;
+    out[std::size_t(o)] =
+        wrap_dtensor(shard, mesh, c.outputs[std::size_t(o)], global[std::size_t(o)].shape);
+    results[n_results++] =
+        ArgView{shard.shape(), global[std::size_t(o)].shape, c.outputs[std::size_t(o)]};
+  }
+  if (tracer) {
+    tracer->add_outputs(record, {results.data(), n_results});
+    tracer->finish(record);
+  }
+  return out;
+}
+
+// Nothing but this handle holds the DTensor's spec, its local tensor, or the local's data.
+bool local_unique(const Tensor& t) {
+  const auto& dist = t.impl()->dist;
+  if (dist.use_count() != 1) return false;
+  const Tensor& local = dist->local;
+  return local.impl_ptr().use_count() == 1 &&
+         (!local.impl()->storage || local.impl()->storage.use_count() == 1);
+}
+
+}  // namespace
+
+void install_dtensor_hooks() {
+  static const bool installed = [] {
+    install_dist_hooks(DistHooks{dispatch_dtensor, local_unique});
+    return true;
+  }();
+  (void)installed;
+}
+
+}  // namespace commtrace

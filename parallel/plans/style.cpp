@@ -1,0 +1,455 @@
+#include "parallel/plans/style.h"
+
+#include <map>
+#include <sstream>
+
+#include "parallel/nn/models.h"
+#include "tracer/json_io.h"
+
+namespace commtrace {
+
+namespace {
+
+// Parameters already distributed by the running parallelize_module (tied weights).
+struct Distributed {
+  Placements placements;
+  Tensor dtensor;
+  std::string owner;
+};
+thread_local std::map<const TensorImpl*, Distributed>* g_distributed = nullptr;
+
+// Swaps the module's parameter `name` for a leaf DTensor with `placements`, reusing the
+// DTensor of a tied parameter distributed the same way.
+void distribute_param(Module& m, const std::string& name,
+                      const std::shared_ptr<const DeviceMesh>& mesh, Placements placements) {
+  const Tensor p = m.param(name);
+  if (is_dtensor(p)) {
+    COMMTRACE_CHECK(dist_of(p).placements == normalize_placements(placements, p.dim(), "param"),
+                    ErrorCode::InvalidArgument,
+                    "{}.{} is already distributed as {}; a second style asks for {}", m.fqn(), name,
+                    placements_str(dist_of(p).placements), placements_str(placements));
+    return;
+  }
+  if (g_distributed) {
+    if (auto it = g_distributed->find(p.impl()); it != g_distributed->end()) {
+      COMMTRACE_CHECK(it->second.placements == normalize_placements(placements, p.dim(), "param"),
+                      ErrorCode::InvalidArgument,
+                      "{}.{} is tied to {} which is distributed as {}, not {}", m.fqn(), name,
+                      it->second.owner, placements_str(it->second.placements),
+                      placements_str(placements));
+      m.set_param(name, it->second.dtensor);
+      return;
+    }
+  }
+  Tensor d = distribute_tensor(p, mesh, placements);
+  d.set_requires_grad(true);
+  if (g_distributed) {
+    (*g_distributed)[p.impl()] = {dist_of(d).placements, d, m.fqn() + "." + name};
+  }
+  m.set_param(name, d);
+}
+
+void distribute_all(Module& m, const std::shared_ptr<const DeviceMesh>& mesh,
+                    const Placements& placements) {
+  std::vector<std::string> names;
+  for (const auto& [name, p] : m.local_parameters()) names.push_back(name);
+  for (const auto& name : names) distribute_param(m, name, mesh, placements);
+}
+
+bool is_linear(const Module& m) { return dynamic_cast<const Linear*>(&m) != nullptr; }
+bool is_embedding(const Module& m) { return dynamic_cast<const Embedding*>(&m) != nullptr; }
+
+Placement normalized(Placement p, int rank) { return normalize_placements({p}, rank, "layout")[0]; }
+
+// Input conversion shared by the styles: a plain tensor becomes from_local(layout), then the
+// DTensor is redistributed to `desired` when the layouts differ (PyTorch compares the declared
+// layouts, not the tensor's).
+Tensor prepare_input(const Tensor& x, const std::shared_ptr<const DeviceMesh>& mesh,
+                     Placement layout, Placement desired, const std::string& who,
+                     const std::string& style) {
+  Tensor d = x;
+  if (!is_dtensor(d)) {
+    d = from_local(
+        x, mesh, {normalized(layout, x.dim())}, std::nullopt,
+        fmt::format("{} input grad (from_local backward, {} input_layouts)", who, style));
+  }
+  if (!(normalized(layout, d.dim()) == normalized(desired, d.dim()))) {
+    d = redistribute(d, {normalized(desired, d.dim())},
+                     fmt::format("{} input ({} input_layouts)", who, style));
+  }
+  return d;
+}
+
+Tensor prepare_output(const Tensor& y, Placement layout, bool use_local, const std::string& who,
+                      const std::string& style) {
+  Tensor d = y;
+  const Placement want = normalized(layout, d.dim());
+  if (!(dist_of(d).placements == Placements{want})) {
+    d = redistribute(d, {want}, fmt::format("{} output ({} output_layouts)", who, style));
+  }
+  return use_local ? to_local(d) : d;
+}
+
+std::string args_str(const std::vector<std::pair<std::string, std::string>>& args) {
+  std::vector<std::string> parts;
+  for (const auto& [k, v] : args) parts.push_back(k + "=" + v);
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+void check_mesh(const std::shared_ptr<const DeviceMesh>& mesh, const char* style) {
+  COMMTRACE_CHECK(mesh && mesh->ndim() == 1, ErrorCode::InvalidArgument,
+                  "{}: styles apply on a 1-D mesh (take the 'tp' dim of a 2-D mesh)", style);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- styles
+
+std::string ColwiseParallel::str() const {
+  std::vector<std::pair<std::string, std::string>> a;
+  if (!input_layout.is_replicate()) a.emplace_back("input_layouts", input_layout.str());
+  if (!(output_layout == Placement::shard(-1)))
+    a.emplace_back("output_layouts", output_layout.str());
+  if (!use_local_output) a.emplace_back("use_local_output", "False");
+  return "ColwiseParallel(" + args_str(a) + ")";
+}
+
+void ColwiseParallel::apply(Module& m, const std::shared_ptr<const DeviceMesh>& mesh) const {
+  check_mesh(mesh, "ColwiseParallel");
+  COMMTRACE_CHECK(is_linear(m) || is_embedding(m), ErrorCode::InvalidArgument,
+                  "ColwiseParallel on '{}' ({}): only Linear and Embedding are supported", m.fqn(),
+                  m.type());
+  if (is_linear(m)) {
+    distribute_all(m, mesh, {Placement::shard(0)});
+  } else {
+    distribute_param(m, "weight", mesh, {Placement::shard(1)});
+  }
+  const std::string who = m.fqn(), style = "ColwiseParallel";
+  m.add_pre_hook([=, in = input_layout](Module&, const Tensor& x) {
+    return prepare_input(x, mesh, in, Placement::replicate(), who, style);
+  });
+  m.add_post_hook(
+      [=, out = output_layout, local = use_local_output](Module&, const Tensor&, const Tensor& y) {
+        return prepare_output(y, out, local, who, style);
+      });
+}
+
+std::string RowwiseParallel::str() const {
+  std::vector<std::pair<std::string, std::string>> a;
+  if (!(input_layout == Placement::shard(-1))) a.emplace_back("input_layouts", input_layout.str());
+  if (!output_layout.is_replicate()) a.emplace_back("output_layouts", output_layout.str());
+  if (!use_local_output) a.emplace_back("use_local_output", "False");
+  return "RowwiseParallel(" + args_str(a) + ")";
+}
+
+void RowwiseParallel::apply(Module& m, const std::shared_ptr<const DeviceMesh>& mesh) const {
+  check_mesh(mesh, "RowwiseParallel");
+  COMMTRACE_CHECK(is_linear(m) || is_embedding(m), ErrorCode::InvalidArgument,
+                  "RowwiseParallel on '{}' ({}): only Linear and Embedding are supported", m.fqn(),
+                  m.type());
+  const bool linear = is_linear(m);
+  if (linear) {
+    distribute_param(m, "weight", mesh, {Placement::shard(1)});
+    for (const auto& [name, p] : m.local_parameters()) {
+      if (name == "bias") distribute_param(m, "bias", mesh, {Placement::replicate()});
+    }
+  } else {
+    distribute_param(m, "weight", mesh, {Placement::shard(0)});
+  }
+  const std::string who = m.fqn(), style = "RowwiseParallel";
+  const Placement desired = linear ? Placement::shard(-1) : Placement::replicate();
+  m.add_pre_hook([=, in = input_layout](Module&, const Tensor& x) {
+    return prepare_input(x, mesh, in, desired, who, style);
+  });
+  m.add_post_hook(
+      [=, out = output_layout, local = use_local_output](Module&, const Tensor&, const Tensor& y) {
+        return prepare_output(y, out, local, who, style);
+      });
+}
+
+std::string SequenceParallel::str() const {
+  std::vector<std::pair<std::string, std::string>> a;
+  if (sequence_dim != 1) a.emplace_back("sequence_dim", std::to_string(sequence_dim));
+  if (use_local_output) a.emplace_back("use_local_output", "True");
+  return "SequenceParallel(" + args_str(a) + ")";
+}
+
+void SequenceParallel::apply(Module& m, const std::shared_ptr<const DeviceMesh>& mesh) const {
+  check_mesh(mesh, "SequenceParallel");
+  distribute_all(m, mesh, {Placement::replicate()});
+  const std::string who = m.fqn();
+  m.add_pre_hook([=, dim = sequence_dim](Module&, const Tensor& x) {
+    if (is_dtensor(x)) return x;
+    return from_local(x, mesh, {normalized(Placement::shard(dim), x.dim())}, std::nullopt,
+                      fmt::format("{} input grad (from_local backward, SequenceParallel)", who));
+  });
+  if (use_local_output) {
+    m.add_post_hook(
+        [](Module&, const Tensor&, const Tensor& y) { return is_dtensor(y) ? to_local(y) : y; });
+  }
+}
+
+std::string PrepareModuleInput::str() const {
+  return fmt::format("PrepareModuleInput(input_layouts={}, desired_input_layouts={}{})",
+                     input_layout.str(), desired_input_layout.str(),
+                     use_local_output ? ", use_local_output=True" : "");
+}
+
+void PrepareModuleInput::apply(Module& m, const std::shared_ptr<const DeviceMesh>& mesh) const {
+  check_mesh(mesh, "PrepareModuleInput");
+  const std::string who = m.fqn(), style = "PrepareModuleInput";
+  m.add_pre_hook([=, in = input_layout, want = desired_input_layout, local = use_local_output](
+                     Module&, const Tensor& x) {
+    Tensor d = prepare_input(x, mesh, in, want, who, style);
+    return local ? to_local(d) : d;
+  });
+}
+
+std::string PrepareModuleOutput::str() const {
+  return fmt::format("PrepareModuleOutput(output_layouts={}, desired_output_layouts={}{})",
+                     output_layout.str(), desired_output_layout.str(),
+                     use_local_output ? "" : ", use_local_output=False");
+}
+
+void PrepareModuleOutput::apply(Module& m, const std::shared_ptr<const DeviceMesh>& mesh) const {
+  check_mesh(mesh, "PrepareModuleOutput");
+  const std::string who = m.fqn(), style = "PrepareModuleOutput";
+  m.add_post_hook([=, out = output_layout, want = desired_output_layout, local = use_local_output](
+                      Module&, const Tensor&, const Tensor& y) {
+    Tensor d = y;
+    if (!is_dtensor(d)) d = from_local(y, mesh, {normalized(out, y.dim())});
+    return prepare_output(d, want, local, who, style);
+  });
+}
+
+// ---------------------------------------------------------------- parallelize_module
+
+std::vector<std::string> match_modules(Module& root, const std::string& pattern) {
+  auto split = [](const std::string& s) {
+    std::vector<std::string> parts;
+    std::stringstream ss(s);
+    std::string part;
+    while (std::getline(ss, part, '.')) parts.push_back(part);
+    return parts;
+  };
+  const auto want = split(pattern);
+  std::vector<std::string> out;
+  for (const auto& [name, m] : root.named_modules()) {
+    const auto have = split(name);
+    if (have.size() != want.size() || name.empty()) continue;
+    bool ok = true;
+    for (std::size_t i = 0; ok && i < want.size(); ++i) ok = want[i] == "*" || want[i] == have[i];
+    if (ok) out.push_back(name);
+  }
+  return out;
+}
+
+void parallelize_module(Module& model, const std::shared_ptr<const DeviceMesh>& mesh,
+                        const Plan& plan) {
+  std::map<const TensorImpl*, Distributed> distributed;
+  struct Scope {
+    explicit Scope(std::map<const TensorImpl*, Distributed>* m) { g_distributed = m; }
+    ~Scope() { g_distributed = nullptr; }
+  } scope(&distributed);
+  for (const auto& [pattern, style] : plan.styles) {
+    const auto names = match_modules(model, pattern);
+    COMMTRACE_CHECK(!names.empty(), ErrorCode::InvalidArgument,
+                    "plan '{}': pattern '{}' matches no module of {}", plan.name, pattern,
+                    model.fqn());
+    for (const auto& name : names) {
+      try {
+        style->apply(*model.find(name), mesh);
+      } catch (const Error& e) {
+        throw Error(e.code(),
+                    fmt::format("plan '{}', pattern '{}': {}", plan.name, pattern, e.what()));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- plans
+
+namespace {
+
+// A placement string ("Shard(0)"), or a list of one.
+Placement layout_of(const JsonReader& rd, const Json& v, const JsonPath& where) {
+  if (v.is_array()) {
+    if (v.size() != 1)
+      rd.fail(where, "expected a placement string like \"Shard(0)\" (or a list of one)");
+    return layout_of(rd, v[0], where.index(0));
+  }
+  if (!v.is_string()) {
+    rd.fail(where, "expected a placement string like \"Shard(0)\" (or a list of one)");
+  }
+  return rd.parse_with(v, where, [](const std::string& s) { return parse_placement(s); });
+}
+
+std::shared_ptr<ParallelStyle> style_from_json(const JsonReader& rd, const Json& j,
+                                               const JsonPath& where) {
+  rd.object(j, where);
+  const std::string kind = rd.str(rd.at(j, "style", where), where.key("style"));
+  auto get_bool = [&](const char* key, bool def) {
+    const Json* v = rd.find(j, key);
+    return v ? rd.boolean(*v, where.key(key)) : def;
+  };
+  auto get_layout = [&](const char* key, Placement def) {
+    const Json* v = rd.find(j, key);
+    return v ? layout_of(rd, *v, where.key(key)) : def;
+  };
+  if (kind == "ColwiseParallel" || kind == "RowwiseParallel") {
+    rd.check_keys(j, where, {"style", "input_layouts", "output_layouts", "use_local_output"});
+    if (kind == "ColwiseParallel") {
+      auto s = std::make_shared<ColwiseParallel>();
+      s->input_layout = get_layout("input_layouts", s->input_layout);
+      s->output_layout = get_layout("output_layouts", s->output_layout);
+      s->use_local_output = get_bool("use_local_output", true);
+      return s;
+    }
+    auto s = std::make_shared<RowwiseParallel>();
+    s->input_layout = get_layout("input_layouts", s->input_layout);
+    s->output_layout = get_layout("output_layouts", s->output_layout);
+    s->use_local_output = get_bool("use_local_output", true);
+    return s;
+  }
+  if (kind == "SequenceParallel") {
+    rd.check_keys(j, where, {"style", "sequence_dim", "use_local_output"});
+    auto s = std::make_shared<SequenceParallel>();
+    if (const Json* d = rd.find(j, "sequence_dim")) {
+      s->sequence_dim = rd.int32(*d, where.key("sequence_dim"), -64, 63);
+    }
+    s->use_local_output = get_bool("use_local_output", false);
+    return s;
+  }
+  if (kind == "PrepareModuleInput") {
+    rd.check_keys(j, where,
+                  {"style", "input_layouts", "desired_input_layouts", "use_local_output"});
+    auto s = std::make_shared<PrepareModuleInput>();
+    s->input_layout = get_layout("input_layouts", s->input_layout);
+    s->desired_input_layout = get_layout("desired_input_layouts", s->desired_input_layout);
+    s->use_local_output = get_bool("use_local_output", false);
+    return s;
+  }
+  if (kind == "PrepareModuleOutput") {
+    rd.check_keys(j, where,
+                  {"style", "output_layouts", "desired_output_layouts", "use_local_output"});
+    auto s = std::make_shared<PrepareModuleOutput>();
+    s->output_layout = get_layout("output_layouts", s->output_layout);
+    s->desired_output_layout = get_layout("desired_output_layouts", s->desired_output_layout);
+    s->use_local_output = get_bool("use_local_output", true);
+    return s;
+  }
+  rd.fail(where.key("style"),
+          fmt::format("unknown style \"{}\" (ColwiseParallel, RowwiseParallel, SequenceParallel, "
+                      "PrepareModuleInput, PrepareModuleOutput)",
+                      kind));
+}
+
+}  // namespace
+
+Plan plan_from_json_text(const std::string& text, const std::string& source) {
+  JsonReader rd(source);
+  const Json j = rd.parse(text, "a JSON object with \"schema\": \"commtrace.plan\"");
+  const JsonPath top;
+  rd.check_header(j, "commtrace.plan", {{1, 0}}, "plan");
+  rd.check_keys(j, top, {"schema", "version", "name", "plan", "model_input", "model_output"});
+  Plan plan;
+  const Json* name = rd.find(j, "name");
+  plan.name = name ? rd.str(*name, top.key("name")) : source;
+  if (const Json* v = rd.find(j, "model_input")) {
+    plan.model_input = layout_of(rd, *v, top.key("model_input"));
+  }
+  if (const Json* v = rd.find(j, "model_output")) {
+    plan.model_output = layout_of(rd, *v, top.key("model_output"));
+  }
+  const JsonPath ppath = top.key("plan");
+  const Json& styles = rd.object(rd.at(j, "plan", top), ppath);
+  if (styles.empty()) rd.fail(ppath, "no styles (a plan maps module patterns to styles)");
+  for (const auto& [pattern, style] : styles.items()) {
+    plan.styles.emplace_back(pattern, style_from_json(rd, style, ppath.key(pattern.c_str())));
+  }
+  return plan;
+}
+
+Plan load_plan_file(const std::string& path) {
+  return plan_from_json_text(read_text_file(path, "plan file"), path);
+}
+
+std::vector<std::string> builtin_plan_names(const std::string& model) {
+  if (model == "mlp-stacked") return {"tp"};
+  return {"tp", "sp"};
+}
+
+Plan builtin_plan(const std::string& model, const std::string& name) {
+  const Placement R = Placement::replicate();
+  auto S = [](int d) { return Placement::shard(d); };
+  Plan p;
+  p.name = model + " " + name;
+  auto colwise = [](Placement in, Placement out, bool local) {
+    auto s = std::make_shared<ColwiseParallel>();
+    s->input_layout = in;
+    s->output_layout = out;
+    s->use_local_output = local;
+    return s;
+  };
+  auto rowwise = [](Placement in, Placement out) {
+    auto s = std::make_shared<RowwiseParallel>();
+    s->input_layout = in;
+    s->output_layout = out;
+    return s;
+  };
+  const bool known_model =
+      model == "toy" || model == "mlp" || model == "mlp-stacked" || model == "transformer";
+  COMMTRACE_CHECK(known_model, ErrorCode::InvalidArgument, "no built-in plans for model '{}'",
+                  model);
+  if (model == "toy" || model == "mlp" || model == "mlp-stacked") {
+    const std::string a = model == "toy" ? "in_proj" : "net1";
+    const std::string b = model == "toy" ? "out_proj" : "net2";
+    const std::string prefix = model == "mlp-stacked" ? "layers.*." : "";
+    if (name == "tp") {
+      p.styles = {{prefix + a, colwise(R, S(-1), true)}, {prefix + b, rowwise(S(-1), R)}};
+      return p;
+    }
+    if (name == "sp" && model != "mlp-stacked") {
+      p.styles = {{a, colwise(S(0), S(-1), true)}, {b, rowwise(S(-1), S(0))}};
+      p.model_input = S(0);
+      p.model_output = S(0);
+      return p;
+    }
+  }
+  if (model == "transformer" && (name == "tp" || name == "sp")) {
+    const bool sp = name == "sp";
+    p.styles.emplace_back("tok_embeddings", rowwise(R, sp ? S(1) : R));
+    p.styles.emplace_back("pos_embeddings", rowwise(R, sp ? S(0) : R));
+    if (sp) {
+      p.styles.emplace_back("norm", std::make_shared<SequenceParallel>());
+      p.styles.emplace_back("layers.*.attention_norm", std::make_shared<SequenceParallel>());
+      auto prep = std::make_shared<PrepareModuleInput>();
+      prep->input_layout = S(1);
+      prep->desired_input_layout = R;
+      p.styles.emplace_back("layers.*.attention", prep);
+    }
+    for (const char* w : {"wq", "wk", "wv"}) {
+      p.styles.emplace_back(std::string("layers.*.attention.") + w, colwise(R, S(-1), false));
+    }
+    p.styles.emplace_back("layers.*.attention.wo", rowwise(S(-1), sp ? S(1) : R));
+    if (sp) p.styles.emplace_back("layers.*.ffn_norm", std::make_shared<SequenceParallel>());
+    p.styles.emplace_back("layers.*.feed_forward.w1", colwise(sp ? S(1) : R, S(-1), true));
+    p.styles.emplace_back("layers.*.feed_forward.w2", rowwise(S(-1), sp ? S(1) : R));
+    p.styles.emplace_back("output", colwise(sp ? S(1) : R, R, true));
+    return p;
+  }
+  throw Error(ErrorCode::InvalidArgument,
+              fmt::format("model '{}' has no built-in plan '{}' (built-in: {}; or give a JSON "
+                          "plan file)",
+                          model, name, fmt::join(builtin_plan_names(model), ", ")));
+}
+
+Plan resolve_plan(const std::string& model, const std::string& plan_or_file) {
+  if (plan_or_file.find(".json") != std::string::npos ||
+      plan_or_file.find('/') != std::string::npos) {
+    return load_plan_file(plan_or_file);
+  }
+  return builtin_plan(model, plan_or_file);
+}
+
+}  // namespace commtrace

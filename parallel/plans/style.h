@@ -1,0 +1,97 @@
+// Parallel styles and parallelize_module (DESIGN §2), plans from JSON and the built-in plans.
+// A style distributes a module's parameters (distribute_tensor) and installs forward hooks
+// that convert inputs and outputs (from_local / redistribute / to_local) inside the module's
+// scope, so their collectives are filed under that module with a reason naming the style.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "parallel/dtensor/dtensor.h"
+#include "parallel/nn/nn.h"
+
+namespace commtrace {
+
+class ParallelStyle {
+ public:
+  virtual ~ParallelStyle() = default;
+  // "ColwiseParallel(input_layouts=Shard(dim=0))": only the non-default arguments.
+  virtual std::string str() const = 0;
+  // REQUIRES: a supported module type, else InvalidArgument naming the module and its type.
+  virtual void apply(Module& m, const std::shared_ptr<const DeviceMesh>& mesh) const = 0;
+};
+
+struct ColwiseParallel : ParallelStyle {
+  Placement input_layout = Placement::replicate();
+  Placement output_layout = Placement::shard(-1);
+  bool use_local_output = true;
+  std::string str() const override;
+  void apply(Module& m, const std::shared_ptr<const DeviceMesh>& mesh) const override;
+};
+
+struct RowwiseParallel : ParallelStyle {
+  Placement input_layout = Placement::shard(-1);
+  Placement output_layout = Placement::replicate();
+  bool use_local_output = true;
+  std::string str() const override;
+  void apply(Module& m, const std::shared_ptr<const DeviceMesh>& mesh) const override;
+};
+
+// Parameters Replicate (their gradients come out Partial); a plain input becomes
+// from_local(Shard(sequence_dim)); a DTensor input passes as it is.
+struct SequenceParallel : ParallelStyle {
+  int sequence_dim = 1;
+  bool use_local_output = false;
+  std::string str() const override;
+  void apply(Module& m, const std::shared_ptr<const DeviceMesh>& mesh) const override;
+};
+
+// The module's (single) input: from_local(input_layout), redistribute to desired.
+struct PrepareModuleInput : ParallelStyle {
+  Placement input_layout = Placement::replicate();
+  Placement desired_input_layout = Placement::replicate();
+  bool use_local_output = false;
+  std::string str() const override;
+  void apply(Module& m, const std::shared_ptr<const DeviceMesh>& mesh) const override;
+};
+
+struct PrepareModuleOutput : ParallelStyle {
+  Placement output_layout = Placement::replicate();
+  Placement desired_output_layout = Placement::replicate();
+  bool use_local_output = true;
+  std::string str() const override;
+  void apply(Module& m, const std::shared_ptr<const DeviceMesh>& mesh) const override;
+};
+
+// A plan: FQN patterns relative to the model ('*' matches one path segment) mapped to styles,
+// applied in order; plus how the model's own input and output are laid out over the mesh (the
+// runner slices the input and wraps the output with them).
+struct Plan {
+  std::string name;
+  std::vector<std::pair<std::string, std::shared_ptr<ParallelStyle>>> styles;
+  Placement model_input = Placement::replicate();
+  Placement model_output = Placement::replicate();
+};
+
+// Applies every style of the plan on a 1-D mesh. A pattern that matches no module is an error
+// naming it. Tied parameters stay tied when both uses ask for the same placements.
+void parallelize_module(Module& model, const std::shared_ptr<const DeviceMesh>& mesh,
+                        const Plan& plan);
+
+// Names of modules under `root` (relative FQNs) that match `pattern`.
+std::vector<std::string> match_modules(Module& root, const std::string& pattern);
+
+// Plan JSON (schema in README): {"schema": "commtrace.plan", "version": "1.0", "model_input":
+// "Shard(0)", "model_output": "Replicate()", "plan": {"in_proj": {"style": "ColwiseParallel",
+// "input_layouts": "Shard(0)"}, ...}}. Errors name the key and the bad value.
+Plan plan_from_json_text(const std::string& text, const std::string& source);
+Plan load_plan_file(const std::string& path);
+// Built-in plans: toy and mlp "tp", "sp"; mlp-stacked "tp"; transformer "tp", "sp".
+Plan builtin_plan(const std::string& model, const std::string& plan);
+// A built-in name of the model family, or a path to a JSON file.
+Plan resolve_plan(const std::string& family, const std::string& plan_or_file);
+std::vector<std::string> builtin_plan_names(const std::string& model);
+
+}  // namespace commtrace

@@ -1,0 +1,335 @@
+#include "parallel/run/runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <optional>
+
+#include "parallel/nn/optim.h"
+#include "parallel/tensor/autograd.h"
+#include "parallel/tensor/ops.h"
+#include "tracer/tracer.h"
+
+namespace commtrace {
+
+std::vector<int> mesh_shape(const ParallelConfig& cfg) {
+  COMMTRACE_CHECK(cfg.world_size >= 1, ErrorCode::InvalidArgument,
+                  "world size {} must be at least 1", cfg.world_size);
+  std::vector<int> shape = cfg.mesh.empty() ? std::vector<int>{cfg.world_size} : cfg.mesh;
+  int n = 1;
+  for (int s : shape) n *= s;
+  COMMTRACE_CHECK(n == cfg.world_size, ErrorCode::InvalidArgument,
+                  "mesh {} has {} ranks but the world size is {}",
+                  fmt::format("{}", fmt::join(shape, "x")), n, cfg.world_size);
+  return shape;
+}
+
+namespace {
+
+int dp_size(const RankState& s) { return s.dp ? s.dp->size() : 1; }
+
+// Rows [chunk i of w] of dim 0.
+Tensor slice_rows(const Tensor& t, int w, int i) {
+  const ChunkRange c = chunk_range(t.size(0), w, i);
+  NoGradGuard no_grad;
+  return clone(narrow(t, 0, c.begin, c.size));
+}
+
+std::int64_t global_rows_scale(const Plan& plan, int dp, int tp) {
+  COMMTRACE_CHECK(plan.model_input.is_replicate() || plan.model_input.is_shard(0),
+                  ErrorCode::InvalidArgument,
+                  "plan '{}': model_input must be Replicate() or Shard(0), got {}", plan.name,
+                  plan.model_input.str());
+  return std::int64_t(dp) * (plan.model_input.is_shard(0) ? tp : 1);
+}
+
+}  // namespace
+
+RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg) {
+  RankState s;
+  const std::vector<int> shape = mesh_shape(cfg);
+  s.mesh = std::make_shared<DeviceMesh>(ctx, shape);
+  s.tp = s.mesh->ndim() == 2 ? s.mesh->sub(1) : s.mesh;
+  if (s.mesh->ndim() == 2) s.dp = &s.mesh->comm(0);
+  s.entry = &resolve_model(cfg.model);
+  s.plan = resolve_plan(s.entry->family, cfg.plan);
+  s.model = s.entry->build(cfg.seed, cfg.module);
+  parallelize_module(*s.model, s.tp, s.plan);
+
+  const int dp = dp_size(s), tp = s.tp->size(0);
+  Batch full = s.entry->batch(cfg.seed, cfg.module, global_rows_scale(s.plan, dp, tp));
+  s.batch = full;
+  if (dp > 1) {
+    s.batch.input = slice_rows(s.batch.input, dp, s.mesh->coordinate(0));
+    s.batch.target = slice_rows(s.batch.target, dp, s.mesh->coordinate(0));
+  }
+  if (s.plan.model_input.is_shard(0)) {
+    s.batch.input = slice_rows(s.batch.input, tp, s.tp->coordinate(0));
+    s.batch.target = slice_rows(s.batch.target, tp, s.tp->coordinate(0));
+  }
+  if (cfg.input_requires_grad && is_floating(s.batch.input.dtype())) {
+    s.batch.input = s.batch.input.detach();
+    s.batch.input.set_requires_grad(true);
+  }
+  return s;
+}
+
+StepOut forward_loss(RankState& s) {
+  StepOut out;
+  out.output = (*s.model)(s.batch.input);
+  const Placement layout = s.plan.model_output;
+  if (layout.is_replicate() || is_dtensor(out.output)) {
+    out.loss = s.entry->loss(out.output, s.batch);
+    return out;
+  }
+  // A sharded output: the loss is computed on DTensors, so its reductions stay global.
+  const Placements pl{normalize_placements({layout}, out.output.dim(), "model_output")[0]};
+  auto global_of = [&](const Tensor& t) {
+    Shape g = t.shape();
+    if (pl[0].is_shard()) g[std::size_t(pl[0].dim)] *= s.tp->size(0);
+    return g;
+  };
+  out.output = from_local(out.output, s.tp, pl, global_of(out.output),
+                          "model output grad (from_local backward)");
+  Batch b = s.batch;
+  b.target = from_local(s.batch.target, s.tp, pl, global_of(s.batch.target));
+  out.loss = s.entry->loss(out.output, b);
+  return out;
+}
+
+void sync_data_parallel_grads(RankState& s) {
+  if (!s.dp) return;
+  PhaseScope phase(Phase::Backward);
+  for (const auto& [name, p] : s.model->named_parameters()) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    Tensor local = is_dtensor(g) ? dist_of(g).local : g;
+    const std::string reason =
+        Tracer::current() ? fmt::format("DDP gradient of {} over '{}'", name, s.mesh->dim_name(0))
+                          : std::string();
+    const std::span<const Placement> pl = is_dtensor(g)
+                                              ? std::span<const Placement>(dist_of(g).placements)
+                                              : std::span<const Placement>();
+    const CollectiveScope scope(CollectiveContext{reason, pl, pl, &s.mesh->info(), g.shape()});
+    s.dp->all_reduce(local, ReduceOp::Avg);
+  }
+}
+
+Tensor gather_full(RankState& s, const Tensor& x, bool dp_sliced) {
+  NoGradGuard no_grad;
+  Tensor full = is_dtensor(x) ? to_local(redistribute(x, Placements(dist_of(x).placements.size(),
+                                                                    Placement::replicate())))
+                              : x;
+  if (!dp_sliced || !s.dp) return full;
+  const int dp = s.dp->size();
+  // Every replica holds an equal slice (the runner builds dp × rows), so one all_gather joins them.
+  Shape shape = full.shape();
+  shape[0] *= dp;
+  Tensor out = Tensor::empty(shape, full.dtype(), full.device());
+  s.dp->all_gather(full, out);
+  return out;
+}
+
+std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* losses) {
+  const ParallelConfig& cfg = opts.cfg;
+  const std::vector<int> shape = mesh_shape(cfg);
+  COMMTRACE_CHECK(opts.iters >= 1, ErrorCode::InvalidArgument, "iterations {} must be >= 1",
+                  opts.iters);
+  std::vector<int> traced = opts.ranks.empty() ? std::vector<int>{0} : opts.ranks;
+  for (int r : traced) {
+    COMMTRACE_CHECK(r >= 0 && r < cfg.world_size, ErrorCode::InvalidArgument,
+                    "rank {} out of range [0, {})", r, cfg.world_size);
+  }
+  COMMTRACE_CHECK(cfg.backend == "fake" || cfg.module.device == Device::CPU,
+                  ErrorCode::InvalidArgument,
+                  "device {} needs the fake backend (the threads backend moves real data)",
+                  device_name(cfg.module.device));
+  resolve_plan(resolve_model(cfg.model).family, cfg.plan);  // fail early, before any thread
+
+  std::vector<Trace> traces(traced.size());
+  std::vector<double> rank0_losses;
+  std::mutex mu;
+  LaunchOptions lo;
+  lo.backend = cfg.backend;
+  if (cfg.backend == "fake") lo.ranks = traced;
+  launch(
+      cfg.world_size,
+      [&](RankContext& ctx) {
+        RankState s = setup_rank(ctx, cfg);
+        AdamW opt(s.model->parameters(), opts.lr);
+        const auto slot = std::find(traced.begin(), traced.end(), ctx.rank());
+        Tracer tr(ctx.rank());
+        std::vector<double> mine;
+        for (int it = 0; it < opts.iters; ++it) {
+          Tensor loss;
+          {
+            std::optional<TracerActivation> on;
+            if (slot != traced.end()) on.emplace(tr);
+            opt.zero_grad();
+            StepOut step = forward_loss(s);
+            step.loss.backward();
+            sync_data_parallel_grads(s);
+            opt.step();
+            loss = step.loss;
+          }
+          tr.next_iteration();
+          if (cfg.module.device == Device::CPU && cfg.backend == "threads") {
+            NoGradGuard ng;  // the loss readout (an all_reduce when Partial) is not traced
+            mine.push_back((is_dtensor(loss) ? full_tensor(loss) : loss).item());
+          }
+        }
+        if (slot == traced.end()) return;
+        Trace t = tr.take();
+        t.metadata = {{"model", cfg.model},
+                      {"plan", cfg.plan},
+                      {"world_size", std::to_string(cfg.world_size)},
+                      {"mesh", s.mesh->str()},
+                      {"device", device_name(cfg.module.device)},
+                      {"dtype", dtype_name(cfg.module.dtype)},
+                      {"backend", cfg.backend},
+                      {"iterations", std::to_string(opts.iters)},
+                      {"seed", std::to_string(cfg.seed)},
+                      {"input_requires_grad", cfg.input_requires_grad ? "true" : "false"}};
+        std::lock_guard<std::mutex> lock(mu);
+        traces[std::size_t(slot - traced.begin())] = std::move(t);
+        if (ctx.rank() == 0) rank0_losses = mine;
+      },
+      lo);
+  if (losses) *losses = rank0_losses;
+  return traces;
+}
+
+bool VerifyReport::pass() const {
+  for (const TensorCheck& c : checks) {
+    if (!c.pass) return false;
+  }
+  return !checks.empty();
+}
+
+namespace {
+
+using Values = std::map<std::string, std::vector<double>>;
+
+// Describes a constant factor between a and b when a ≈ r·b.
+std::string factor_of(const std::vector<double>& a, const std::vector<double>& b, int world, int dp,
+                      int tp, double tol) {
+  double ab = 0, bb = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ab += a[i] * b[i];
+    bb += b[i] * b[i];
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  if (bb == 0 || scale == 0) return "";
+  const double r = ab / bb;
+  double resid = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) resid = std::max(resid, std::abs(a[i] - r * b[i]));
+  if (resid / scale > 100 * tol || std::abs(r - 1) < 1e-6) return "";
+  const std::vector<std::pair<double, std::string>> named{
+      {double(world), fmt::format("{} (world size)", world)},
+      {1.0 / world, fmt::format("1/{} (1/world size)", world)},
+      {double(tp), fmt::format("{} (tp size)", tp)},
+      {1.0 / tp, fmt::format("1/{} (1/tp size)", tp)},
+      {double(dp), fmt::format("{} (dp size)", dp)},
+      {1.0 / dp, fmt::format("1/{} (1/dp size)", dp)},
+      {0.0, "0 (no gradient reached it)"}};
+  for (const auto& [v, text] : named) {
+    if (std::abs(r - v) <= 1e-3 * std::max(1.0, std::abs(v))) return "×" + text;
+  }
+  return fmt::format("×{:.6g}", r);
+}
+
+Values reference_run(const ParallelConfig& cfg, const Plan& plan, int dp, int tp) {
+  const ModelEntry& entry = resolve_model(cfg.model);
+  auto model = entry.build(cfg.seed, cfg.module);
+  Batch b = entry.batch(cfg.seed, cfg.module, global_rows_scale(plan, dp, tp));
+  const bool input_grad = cfg.input_requires_grad && is_floating(b.input.dtype());
+  if (input_grad) b.input.set_requires_grad(true);
+  Tensor out = (*model)(b.input);
+  entry.loss(out, b).backward();
+  Values v;
+  v["output"] = out.to_vector();
+  for (const auto& [name, p] : model->named_parameters()) {
+    v[name + ".grad"] = p.grad().defined() ? p.grad().to_vector()
+                                           : std::vector<double>(std::size_t(p.numel()), 0.0);
+  }
+  if (input_grad) v["input.grad"] = b.input.grad().to_vector();
+  return v;
+}
+
+}  // namespace
+
+VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
+  COMMTRACE_CHECK(cfg.module.device == Device::CPU, ErrorCode::InvalidArgument,
+                  "verify: runs on cpu (got {})", device_name(cfg.module.device));
+  const std::vector<int> shape = mesh_shape(cfg);
+  const int dp = shape.size() == 2 ? shape[0] : 1, tp = shape.back();
+  const Plan plan = resolve_plan(resolve_model(cfg.model).family, cfg.plan);
+  const Values ref = reference_run(cfg, plan, dp, tp);
+
+  Values par;
+  std::mutex mu;
+  LaunchOptions lo;
+  lo.backend = "threads";
+  launch(
+      cfg.world_size,
+      [&](RankContext& ctx) {
+        RankState s = setup_rank(ctx, cfg);
+        StepOut step = forward_loss(s);
+        step.loss.backward();
+        sync_data_parallel_grads(s);
+        Values mine;
+        mine["output"] = gather_full(s, step.output, true).to_vector();
+        for (const auto& [name, p] : s.model->named_parameters()) {
+          const Tensor g = p.grad();
+          mine[name + ".grad"] = g.defined() ? gather_full(s, g, false).to_vector()
+                                             : std::vector<double>(std::size_t(p.numel()), 0.0);
+        }
+        if (s.batch.input.requires_grad()) {
+          Tensor g = s.batch.input.grad();
+          if (s.plan.model_input.is_shard(0)) {
+            Shape global = g.shape();
+            global[0] *= s.tp->size(0);
+            g = from_local(g, s.tp, {Placement::shard(0)}, global);
+          }
+          // DDP averages parameter gradients over "dp", not input gradients: the run's loss is the
+          // mean of the replicas' losses, so its input gradient is the local one over dp.
+          g = gather_full(s, g, true);
+          mine["input.grad"] = (s.dp ? mul(g, 1.0 / s.dp->size()) : g).to_vector();
+        }
+        if (ctx.rank() == 0) {
+          std::lock_guard<std::mutex> lock(mu);
+          par = std::move(mine);
+        }
+      },
+      lo);
+
+  VerifyReport report;
+  if (cfg.input_requires_grad && !ref.count("input.grad")) {
+    report.note = "the model's input is integer tokens: --input-requires-grad has no effect";
+  }
+  for (const auto& [name, b] : ref) {
+    TensorCheck c;
+    c.name = name;
+    auto it = par.find(name);
+    if (it == par.end() || it->second.size() != b.size()) {
+      c.max_rel_err = std::numeric_limits<double>::infinity();
+      c.factor = it == par.end() ? "missing in the parallel run" : "size differs";
+      report.checks.push_back(c);
+      continue;
+    }
+    const std::vector<double>& a = it->second;
+    double diff = 0, scale = 0;
+    for (std::size_t i = 0; i < b.size(); ++i) {
+      diff = std::max(diff, std::abs(a[i] - b[i]));
+      scale = std::max(scale, std::abs(b[i]));
+    }
+    c.max_rel_err = scale > 0 ? diff / scale : diff;
+    c.pass = c.max_rel_err <= tolerance;
+    if (!c.pass) c.factor = factor_of(a, b, cfg.world_size, dp, tp, tolerance);
+    report.checks.push_back(c);
+  }
+  return report;
+}
+
+}  // namespace commtrace

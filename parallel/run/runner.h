@@ -1,0 +1,88 @@
+// Running a zoo model in parallel: per rank, the mesh (1-D "tp", or 2-D "dp" × "tp"), the model
+// parallelized by a plan on the "tp" dim, this rank's slice of the global batch, the loss (on
+// DTensors when the plan leaves the output sharded), and DDP's gradient all_reduce over "dp".
+// verify() compares one such run with the same model on one device.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/comm/launch.h"
+#include "parallel/nn/models.h"
+#include "parallel/plans/style.h"
+
+namespace commtrace {
+
+struct ParallelConfig {
+  std::string model = "toy";
+  std::string plan = "tp";  // a built-in plan name or a plan JSON file
+  int world_size = 1;
+  std::vector<int> mesh;  // empty: {world_size}; {dp, tp} for a 2-D mesh
+  bool input_requires_grad = false;
+  std::uint64_t seed = 0;
+  ModuleOptions module;  // dtype and device of parameters and batch
+  std::string backend = "threads";
+};
+
+// The mesh shape of a config, checked against the world size.
+std::vector<int> mesh_shape(const ParallelConfig& cfg);
+
+struct RankState {
+  std::shared_ptr<DeviceMesh> mesh;  // the full mesh
+  std::shared_ptr<DeviceMesh> tp;    // the plan's 1-D mesh
+  Communicator* dp = nullptr;        // the data-parallel group of a 2-D mesh
+  const ModelEntry* entry = nullptr;
+  Plan plan;
+  std::shared_ptr<Module> model;
+  Batch batch;  // this rank's slice; batch.input requires grad when asked (floating inputs)
+};
+
+// Builds the model from cfg.seed (identical on every rank), parallelizes it and slices the
+// global batch: over "dp" along dim 0, then over "tp" when the plan's input is Shard(0).
+RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg);
+
+struct StepOut {
+  Tensor output;  // the model's output, as a DTensor when the plan leaves it sharded
+  Tensor loss;    // scalar; a DTensor (Partial) when computed on a sharded output
+};
+StepOut forward_loss(RankState& s);
+
+// DDP: every parameter gradient averaged over "dp" (recorded in the backward phase).
+void sync_data_parallel_grads(RankState& s);
+
+// Gathers x (plain or DTensor, a slice of dim 0 over "dp" when `dp_sliced`) to the full tensor.
+Tensor gather_full(RankState& s, const Tensor& x, bool dp_sliced);
+
+struct TraceOptions {
+  ParallelConfig cfg;
+  int iters = 1;
+  std::vector<int> ranks;  // ranks to trace; empty: rank 0 only
+  double lr = 1e-3;        // AdamW
+};
+
+// Runs opts.iters training iterations (forward, loss, backward, DDP, AdamW step) on every rank
+// (the fake backend runs only the traced ones) and returns the traced ranks' traces, with the
+// run's metadata. The losses (rank 0's view) go to `losses` when given.
+std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* losses = nullptr);
+
+struct TensorCheck {
+  std::string name;        // "output", "in_proj.weight.grad", "input.grad"
+  double max_rel_err = 0;  // max |a - b| / max |b|
+  bool pass = false;
+  std::string factor;  // when a FAIL is a constant multiple of the reference: "×4 (world size)"
+};
+
+struct VerifyReport {
+  std::vector<TensorCheck> checks;
+  bool pass() const;
+  std::string note;  // e.g. why --input-requires-grad had no effect
+};
+
+// Runs cfg on the threads backend and on one device (same seed and batch); compares the output
+// and every parameter's gradient (and the input's, when asked) after one forward + backward.
+VerifyReport verify(const ParallelConfig& cfg, double tolerance = 1e-5);
+
+}  // namespace commtrace

@@ -1,0 +1,66 @@
+// Reverse-mode autograd: graph nodes, the grad-mode switch and the engine. A node remembers the
+// module and tracer that were current when its forward op ran, so its backward ops are filed
+// under that module (DESIGN §1, deterministic attribution).
+#pragma once
+
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "parallel/tensor/tensor.h"
+
+namespace commtrace {
+
+class Tracer;
+
+// Where an input's gradient goes: the node that produced it, or the leaf that accumulates it.
+struct Edge {
+  std::shared_ptr<Node> node;
+  std::shared_ptr<TensorImpl> leaf;
+  bool active() const { return node || leaf; }
+};
+
+// Maps the gradient of the node's output to one gradient per input (undefined = none).
+using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_out)>;
+
+struct Node {
+  const char* name = "";  // "AddmmBackward" (a static string)
+  std::vector<Edge> next;
+  BackwardFn backward;
+  std::uint64_t seq = 0;  // creation order; the engine runs newer nodes first
+  const Tracer* tracer = nullptr;
+  int module = -1;
+};
+
+bool grad_enabled();
+
+// Disables graph building for the scope (thread-local), as torch.no_grad().
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// True when grad mode is on and some input requires grad.
+bool needs_grad(std::span<const Tensor> inputs);
+
+// Makes `out` the result of a differentiable op on `inputs`, when needs_grad(inputs).
+void attach_grad(Tensor& out, const char* name, std::span<const Tensor> inputs, BackwardFn fn);
+inline void attach_grad(Tensor& out, const char* name, std::initializer_list<Tensor> inputs,
+                        BackwardFn fn) {
+  attach_grad(out, name, std::span<const Tensor>(inputs.begin(), inputs.size()), std::move(fn));
+}
+
+// The engine behind Tensor::backward. REQUIRES: root requires grad; grad is undefined only for
+// a one-element root (then it is 1). Leaf gradients accumulate across calls.
+void run_backward(const Tensor& root, const Tensor& grad);
+
+}  // namespace commtrace

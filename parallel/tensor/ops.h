@@ -1,0 +1,72 @@
+// The op layer: every tensor op of the runtime, differentiable where it makes sense. Every op
+// passes through one dispatcher (detail::dispatch) that records it into the current tracer and
+// runs it on the inputs' device; every GEMM passes through gemm(). Shapes are checked here, where
+// arguments enter, and errors name the op and the shapes. Ops never broadcast dtypes: both sides
+// of a binary op share one dtype. Kernels run through kernels_for(device) (kernels/backend.h);
+// bf16 is computed in f32 inside each kernel and stored back as bf16.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/tensor/tensor.h"
+
+namespace commtrace {
+
+// ---- creation and copies ----
+Tensor ones_like(const Tensor& x);
+Tensor zeros_like(const Tensor& x);
+Tensor clone(const Tensor& x);                  // differentiable copy
+Tensor to_dtype(const Tensor& x, DType dtype);  // differentiable for floating dtypes
+
+// ---- views and layout (recorded as trivial ops) ----
+Tensor view(const Tensor& x, Shape shape);  // one dim may be -1; shares storage
+Tensor t(const Tensor& x);                  // 2-d transpose (a copy: storage is contiguous)
+Tensor transpose(const Tensor& x, int d0, int d1);
+Tensor narrow(const Tensor& x, int dim, std::int64_t start, std::int64_t len);
+Tensor cat(const std::vector<Tensor>& xs, int dim);
+Tensor expand(const Tensor& x, const Shape& shape);  // broadcast copy
+Tensor sum_to(const Tensor& x, const Shape& shape);  // the reverse of expand
+
+// ---- GEMM: the one entry every matrix product passes (DESIGN §1) ----
+// out = [bias +] op(a) @ op(b). a, b are 2-d (recorded as mm, or addmm with a bias) or 3-d with
+// equal batch (recorded as bmm). op(x) transposes the last two dims when the flag is set. The
+// bias broadcasts over rows. Not differentiable: the wrappers below attach the backward.
+Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& bias = Tensor(), bool trans_a = false,
+            bool trans_b = false);
+Tensor mm(const Tensor& a, const Tensor& b);                         // (m,k) @ (k,n)
+Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b);  // bias + a @ b
+Tensor bmm(const Tensor& a, const Tensor& b);                        // (B,m,k) @ (B,k,n)
+// y = x @ wᵀ + b; x is (..., in), w is (out, in), b is (out) or undefined.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
+
+// ---- elementwise (NumPy broadcasting) ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, double s);
+Tensor add(const Tensor& a, double s);
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x);                                   // exact erf form
+Tensor dropout(const Tensor& x, double p, std::uint64_t seed);  // p = 0: returns x unchanged
+
+// ---- normalization, attention, embedding, losses ----
+Tensor softmax(const Tensor& x);  // over the last dim
+// Over the last dim; weight and bias are (last dim) or undefined.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// Row lookup: idx is i64 of any shape, weight (vocab, dim); out is idx.shape + (dim).
+Tensor embedding(const Tensor& idx, const Tensor& weight);
+// q, k, v (B, H, T, D) -> (B, H, T, D); softmax(q kᵀ / sqrt(D)) v, causal when asked.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+// Mean cross-entropy of logits (N, C) (or (..., C), flattened) against i64 targets (N).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+
+// ---- reductions ----
+Tensor sum(const Tensor& x);  // all elements -> shape {}
+Tensor sum(const Tensor& x, int dim, bool keepdim = false);
+Tensor mean(const Tensor& x);
+Tensor mean(const Tensor& x, int dim, bool keepdim = false);
+
+}  // namespace commtrace
