@@ -1,10 +1,14 @@
-// Internal to parallel/: the World behind launch() that the communicator backends share (rank
-// failures, the abort flag, finished ranks, the communicator cache) and the backend factories.
-// Not a public header: users see launch.h and comm.h only.
+// Internal to comm/: the two halves of a launch. A Job is the launcher's side: which ranks
+// failed or finished, and the abort flag every wait checks. A CommBackend is who moves bytes: it
+// makes the communicators of groups of ranks (cached per rank and group) and reads the Job to
+// stop waiting when a peer failed or left. Launchers (threads today, one process per rank next)
+// and backends (threads, fake; MPI and NCCL next) combine freely through launch(). Users see
+// launch.h and comm.h only.
 #pragma once
 
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,22 +27,16 @@ class PeerAborted : public Error {
   explicit PeerAborted(const std::string& msg) : Error(ErrorCode::Aborted, msg) {}
 };
 
-class World : public std::enable_shared_from_this<World> {
+class Job {
  public:
-  World(int world_size, std::string backend);
-  virtual ~World() = default;
-  World(const World&) = delete;
-  World& operator=(const World&) = delete;
+  explicit Job(int world_size);
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
 
   int world_size() const { return world_size_; }
-  const std::string& backend() const { return backend_; }
 
-  // The communicator of (group, ranks) for global_rank: made once per rank, then cached.
-  std::shared_ptr<Communicator> new_group(const std::string& group, const std::vector<int>& ranks,
-                                          int global_rank);
-
-  // launch() reports each rank's end. A failure is recorded and, the first time, sets the abort
-  // flag with "rank <r> failed: <message>" and wakes every waiter.
+  // A failure is recorded and, the first time, sets the abort flag with "rank <r> failed:
+  // <message>" and wakes every waiter.
   void rank_failed(int rank, std::exception_ptr error);
   void rank_finished(int rank);
 
@@ -49,16 +47,13 @@ class World : public std::enable_shared_from_this<World> {
     return finished_[std::size_t(rank)].load(std::memory_order_acquire);
   }
 
+  // Called on the abort and on every finish, so waits look at the state now (a backend
+  // registers its waker here).
+  void on_wake(std::function<void()> wake);
+
   // After every rank ended: throws the first original failure (else the first derived one) as an
   // Error with its code; returns when no rank failed.
   void rethrow_first_error() const;
-
- protected:
-  virtual std::shared_ptr<Communicator> make_communicator(const std::string& group,
-                                                          const std::vector<int>& ranks,
-                                                          int global_rank) = 0;
-  // Wakes every wait of the backend so it sees the abort flag or a finished rank now.
-  virtual void wake_all() {}
 
  private:
   struct Failure {
@@ -66,20 +61,45 @@ class World : public std::enable_shared_from_this<World> {
     Error error;
     bool derived;  // a PeerAborted: the consequence of another rank's failure
   };
+  void wake() const;
 
   int world_size_;
-  std::string backend_;
   std::unique_ptr<std::atomic<bool>[]> finished_;
   std::atomic<bool> aborted_{false};
   std::string abort_message_;  // written once, before aborted_ is set
-
-  mutable std::mutex mu_;  // guards failures_ and comms_
+  mutable std::mutex mu_;      // guards failures_ and wake_
   std::vector<Failure> failures_;
+  std::function<void()> wake_;
+};
+
+class CommBackend {
+ public:
+  CommBackend(std::shared_ptr<Job> job, const char* name) : job_(std::move(job)), name_(name) {}
+  virtual ~CommBackend() = default;
+  CommBackend(const CommBackend&) = delete;
+  CommBackend& operator=(const CommBackend&) = delete;
+
+  const char* name() const { return name_; }
+  Job& job() const { return *job_; }
+
+  // The communicator of (group, ranks) for global_rank: checked, made once per rank, cached.
+  std::shared_ptr<Communicator> new_group(const std::string& group, const std::vector<int>& ranks,
+                                          int global_rank);
+
+ protected:
+  virtual std::shared_ptr<Communicator> make_communicator(const std::string& group,
+                                                          const std::vector<int>& ranks,
+                                                          int global_rank) = 0;
+
+ private:
+  std::shared_ptr<Job> job_;
+  const char* name_;
+  std::mutex mu_;  // guards comms_
   std::map<std::pair<int, std::string>, std::weak_ptr<Communicator>> comms_;
 };
 
-// REQUIRES: world_size >= 1, timeout_s > 0.
-std::shared_ptr<World> make_threads_world(int world_size, double timeout_s);
-std::shared_ptr<World> make_fake_world(int world_size);
+// The backends. REQUIRES for threads: timeout_s > 0.
+std::shared_ptr<CommBackend> make_threads_backend(std::shared_ptr<Job> job, double timeout_s);
+std::shared_ptr<CommBackend> make_fake_backend(std::shared_ptr<Job> job);
 
 }  // namespace commtrace

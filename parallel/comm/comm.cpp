@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "tracer/tracer.h"
-
 namespace commtrace {
 
 namespace {
@@ -139,7 +137,7 @@ void Communicator::check(const CollectiveCall& c) const {
                   "{}: in and out overlap in memory; use separate buffers", op);
 }
 
-void Communicator::issue(CollectiveCall& c) {
+std::uint32_t Communicator::prepare(CollectiveCall& c, Tracer* tracer) {
   check(c);
   const CollectiveSpec& spec = collective_spec(c.op);
   if (c.op == Collective::Send) {
@@ -149,11 +147,7 @@ void Communicator::issue(CollectiveCall& c) {
   } else {
     c.seq = seq_++;
   }
-  Tracer* tracer = Tracer::current();
-  if (tracer == nullptr) {
-    run(c);
-    return;
-  }
+  if (tracer == nullptr) return kNotRecorded;
   const CollectiveContext* ctx = CollectiveScope::current();
   const std::span<const std::int64_t> global =
       ctx ? ctx->global_shape : std::span<const std::int64_t>();
@@ -198,9 +192,35 @@ void Communicator::issue(CollectiveCall& c) {
   }
   // Recorded before the hook so that a call that fails (mismatch, timeout) still shows in the
   // trace; its duration is set when the hook returns.
-  const std::uint32_t index = tracer->begin(e, &cv);
+  return tracer->begin(e, &cv);
+}
+
+void Communicator::issue(CollectiveCall& c) {
+  Tracer* tracer = Tracer::current();
+  const std::uint32_t record = prepare(c, tracer);
   run(c);
-  if (Tracer::current() == tracer) tracer->finish(index);
+  if (record != kNotRecorded && Tracer::current() == tracer) tracer->finish(record);
+}
+
+void Communicator::batch_p2p(std::span<const P2POp> ops) {
+  Tracer* tracer = Tracer::current();
+  std::vector<CollectiveCall> calls(ops.size());
+  std::vector<std::uint32_t> records(ops.size(), kNotRecorded);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& op = ops[i];
+    CollectiveCall& c = calls[i];
+    const bool send = op.kind == P2POp::Kind::Send;
+    c.op = send ? Collective::Send : Collective::Recv;
+    (send ? c.in : c.out) = &op.tensor;
+    c.peer = op.peer;
+    check(c);  // the whole batch first: a bad op numbers none
+  }
+  for (std::size_t i = 0; i < ops.size(); ++i) records[i] = prepare(calls[i], tracer);
+  run_p2p(calls);
+  if (Tracer::current() != tracer) return;
+  for (std::uint32_t r : records) {
+    if (r != kNotRecorded) tracer->finish(r);
+  }
 }
 
 void Communicator::all_reduce(Tensor& t, ReduceOp op) {
@@ -229,13 +249,13 @@ void Communicator::broadcast(Tensor& t, int root) {
 }
 
 void Communicator::send(const Tensor& t, int peer) {
-  CollectiveCall c{Collective::Send, &t, nullptr, ReduceOp::None, -1, peer};
-  issue(c);
+  const P2POp op{P2POp::Kind::Send, t, peer};
+  batch_p2p({&op, 1});
 }
 
 void Communicator::recv(Tensor& t, int peer) {
-  CollectiveCall c{Collective::Recv, nullptr, &t, ReduceOp::None, -1, peer};
-  issue(c);
+  const P2POp op{P2POp::Kind::Recv, t, peer};
+  batch_p2p({&op, 1});
 }
 
 void Communicator::barrier() {

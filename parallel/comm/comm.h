@@ -17,6 +17,7 @@
 #include "parallel/tensor/tensor.h"
 #include "tracer/collectives.h"
 #include "tracer/trace.h"
+#include "tracer/tracer.h"
 
 namespace commtrace {
 
@@ -55,6 +56,14 @@ struct CollectiveCall {
   std::uint64_t seq = 0;
 };
 
+// One point-to-point op of a batch (PyTorch's P2POp): a send reads `tensor`, a recv writes it.
+struct P2POp {
+  enum class Kind { Send, Recv };
+  Kind kind = Kind::Send;
+  Tensor tensor;
+  int peer = 0;  // group rank
+};
+
 class Communicator {
  public:
   // group: the mesh dim name ("tp"); ranks: the global ranks of the group in group order.
@@ -83,23 +92,31 @@ class Communicator {
   void all_to_all(const Tensor& in, Tensor& out);
   // t of group rank `root` is copied to every rank's t.
   void broadcast(Tensor& t, int root);
-  // Point to point: peer is a group rank; shapes and dtypes must match the peer's call. send
-  // may return before the peer receives (threads copies eagerly), so a ring of send-then-recv
-  // does not deadlock.
-  void send(const Tensor& t, int peer);
+  // Point to point, peers are group ranks; shapes and dtypes must match the peer's call. The
+  // sends and receives of a batch are issued together (NCCL's group, PyTorch's
+  // batch_isend_irecv) and the call returns when all are done. A send is not eager: it
+  // completes when its receiver has the data, so a ring step batches its send and its recv.
+  // Each op is checked, numbered and recorded as a send or recv.
+  void batch_p2p(std::span<const P2POp> ops);
+  void send(const Tensor& t, int peer);  // a batch of one: returns once the peer received
   void recv(Tensor& t, int peer);
   void barrier();
 
  protected:
-  // The backend's hook: gets validated arguments (tracer/collectives.h's buffer rules hold).
+  // The backend's hooks: they get validated arguments (tracer/collectives.h's buffer rules
+  // hold). run_p2p gets a batch of send and recv calls to complete together.
   virtual void run(const CollectiveCall& call) = 0;
+  virtual void run_p2p(std::span<const CollectiveCall> calls) = 0;
   // Devices whose tensors this backend can move; checked with the arguments, before recording.
   virtual bool supports_device(Device d) const { return true; }
 
  private:
   // The one entry: checks the call against its spec, numbers it, records it (when a tracer is
-  // current), then runs the backend's hook.
+  // current), then runs the backend's hook. prepare() is its first half: the record's index, or
+  // kNotRecorded.
   void issue(CollectiveCall& call);
+  static constexpr std::uint32_t kNotRecorded = 0xffffffffu;
+  std::uint32_t prepare(CollectiveCall& call, Tracer* tracer);
   void check(const CollectiveCall& call) const;
   void check_tensor(const char* op, const char* arg, const Tensor& t) const;
 

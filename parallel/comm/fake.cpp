@@ -15,11 +15,12 @@ class FakeCommunicator final : public Communicator {
 
  protected:
   void run(const CollectiveCall&) override {}
+  void run_p2p(std::span<const CollectiveCall>) override {}
 };
 
-class FakeWorld final : public World {
+class FakeBackend final : public CommBackend {
  public:
-  explicit FakeWorld(int world_size) : World(world_size, "fake") {}
+  explicit FakeBackend(std::shared_ptr<Job> job) : CommBackend(std::move(job), "fake") {}
 
  protected:
   std::shared_ptr<Communicator> make_communicator(const std::string& group,
@@ -31,8 +32,8 @@ class FakeWorld final : public World {
 
 }  // namespace
 
-std::shared_ptr<World> make_fake_world(int world_size) {
-  return std::make_shared<FakeWorld>(world_size);
+std::shared_ptr<CommBackend> make_fake_backend(std::shared_ptr<Job> job) {
+  return std::make_shared<FakeBackend>(std::move(job));
 }
 
 }  // namespace commtrace

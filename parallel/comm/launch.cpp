@@ -1,48 +1,104 @@
-// launch(): one thread per rank, the backend-independent part of the World (failures, the abort
-// flag, finished ranks, the communicator cache) and RankContext. The backends' waiting and data
-// movement live in comm_threads.cpp and comm_fake.cpp.
+// The launch tables and the Job: launchers start ranks, backends make communicators, the Job
+// holds the fault state both read. The threads backend's waiting and data movement live in
+// threads.cpp, the fake backend in fake.cpp.
 #include "parallel/comm/launch.h"
 
-#include <algorithm>
 #include <set>
+#include <span>
 #include <thread>
 
 #include "parallel/comm/backend.h"
 
 namespace commtrace {
 
-World::World(int world_size, std::string backend)
-    : world_size_(world_size),
-      backend_(std::move(backend)),
-      finished_(new std::atomic<bool>[std::size_t(world_size)]) {
+namespace {
+
+using RankFn = std::function<void(RankContext&)>;
+
+// One thread per rank of this process. A rank that throws is failed in the Job (which aborts
+// the others); a thread that cannot start fails its rank the same way.
+void run_threads(const std::shared_ptr<CommBackend>& backend, std::span<const int> ranks,
+                 const RankFn& fn) {
+  Job& job = backend->job();
+  std::vector<std::thread> threads;
+  threads.reserve(ranks.size());
+  for (int r : ranks) {
+    try {
+      threads.emplace_back([&backend, &job, &fn, r] {
+        RankContext ctx(backend, r);
+        try {
+          fn(ctx);
+        } catch (...) {
+          job.rank_failed(r, std::current_exception());
+        }
+        job.rank_finished(r);
+      });
+    } catch (...) {
+      job.rank_failed(r, std::current_exception());
+      job.rank_finished(r);
+    }
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+struct LauncherEntry {
+  const char* name;
+  void (*run)(const std::shared_ptr<CommBackend>&, std::span<const int>, const RankFn&);
+};
+constexpr LauncherEntry kLaunchers[] = {{"threads", run_threads}};
+
+struct BackendEntry {
+  const char* name;
+  bool needs_all_ranks;  // collectives wait for every rank of a group
+  std::shared_ptr<CommBackend> (*make)(std::shared_ptr<Job>, const LaunchOptions&);
+};
+const BackendEntry kBackends[] = {
+    {"threads", true,
+     [](std::shared_ptr<Job> job, const LaunchOptions& o) {
+       COMMTRACE_CHECK(o.timeout_s > 0, ErrorCode::InvalidArgument,
+                       "launch: timeout_s {} must be > 0", o.timeout_s);
+       return make_threads_backend(std::move(job), o.timeout_s);
+     }},
+    {"fake", false,
+     [](std::shared_ptr<Job> job, const LaunchOptions&) {
+       return make_fake_backend(std::move(job));
+     }},
+};
+
+template <class Table>
+std::vector<std::string> names_of(const Table& table) {
+  std::vector<std::string> out;
+  for (const auto& e : table) out.emplace_back(e.name);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> launcher_names() { return names_of(kLaunchers); }
+std::vector<std::string> backend_names() { return names_of(kBackends); }
+
+// ---------------------------------------------------------------- Job
+
+Job::Job(int world_size)
+    : world_size_(world_size), finished_(new std::atomic<bool>[std::size_t(world_size)]) {
   for (int r = 0; r < world_size; ++r) finished_[std::size_t(r)].store(false);
 }
 
-std::shared_ptr<Communicator> World::new_group(const std::string& group,
-                                               const std::vector<int>& ranks, int global_rank) {
-  COMMTRACE_CHECK(!ranks.empty(), ErrorCode::InvalidArgument,
-                  "new_group '{}': a group needs at least one rank", group);
-  std::set<int> seen;
-  for (int r : ranks) {
-    COMMTRACE_CHECK(r >= 0 && r < world_size_, ErrorCode::InvalidArgument,
-                    "new_group '{}': rank {} out of range [0, {})", group, r, world_size_);
-    COMMTRACE_CHECK(seen.insert(r).second, ErrorCode::InvalidArgument,
-                    "new_group '{}': rank {} appears twice in {}", group, r,
-                    shape_str(Shape(ranks.begin(), ranks.end())));
-  }
-  COMMTRACE_CHECK(seen.count(global_rank) == 1, ErrorCode::InvalidArgument,
-                  "new_group '{}': ranks {} do not contain this rank {}", group,
-                  shape_str(Shape(ranks.begin(), ranks.end())), global_rank);
-  const auto key =
-      std::make_pair(global_rank, group + shape_str(Shape(ranks.begin(), ranks.end())));
+void Job::on_wake(std::function<void()> wake) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto existing = comms_[key].lock()) return existing;
-  auto comm = make_communicator(group, ranks, global_rank);
-  comms_[key] = comm;
-  return comm;
+  wake_ = std::move(wake);
 }
 
-void World::rank_failed(int rank, std::exception_ptr error) {
+void Job::wake() const {
+  std::function<void()> w;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    w = wake_;
+  }
+  if (w) w();
+}
+
+void Job::rank_failed(int rank, std::exception_ptr error) {
   Failure f{rank, Error(ErrorCode::Internal, ""), false};
   try {
     std::rethrow_exception(error);
@@ -66,15 +122,15 @@ void World::rank_failed(int rank, std::exception_ptr error) {
     }
     failures_.push_back(std::move(f));
   }
-  if (first) wake_all();
+  if (first) wake();
 }
 
-void World::rank_finished(int rank) {
+void Job::rank_finished(int rank) {
   finished_[std::size_t(rank)].store(true, std::memory_order_release);
-  wake_all();
+  wake();
 }
 
-void World::rethrow_first_error() const {
+void Job::rethrow_first_error() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const Failure& f : failures_) {
     if (!f.derived) throw f.error;
@@ -82,16 +138,44 @@ void World::rethrow_first_error() const {
   if (!failures_.empty()) throw failures_.front().error;
 }
 
-RankContext::RankContext(std::shared_ptr<World> world, int rank)
-    : world_(std::move(world)), rank_(rank) {}
+// ---------------------------------------------------------------- backend and rank
 
-int RankContext::world_size() const { return world_->world_size(); }
+std::shared_ptr<Communicator> CommBackend::new_group(const std::string& group,
+                                                     const std::vector<int>& ranks,
+                                                     int global_rank) {
+  const int world = job_->world_size();
+  COMMTRACE_CHECK(!ranks.empty(), ErrorCode::InvalidArgument,
+                  "new_group '{}': a group needs at least one rank", group);
+  std::set<int> seen;
+  for (int r : ranks) {
+    COMMTRACE_CHECK(r >= 0 && r < world, ErrorCode::InvalidArgument,
+                    "new_group '{}': rank {} out of range [0, {})", group, r, world);
+    COMMTRACE_CHECK(seen.insert(r).second, ErrorCode::InvalidArgument,
+                    "new_group '{}': rank {} appears twice in {}", group, r,
+                    shape_str(Shape(ranks.begin(), ranks.end())));
+  }
+  COMMTRACE_CHECK(seen.count(global_rank) == 1, ErrorCode::InvalidArgument,
+                  "new_group '{}': ranks {} do not contain this rank {}", group,
+                  shape_str(Shape(ranks.begin(), ranks.end())), global_rank);
+  const auto key =
+      std::make_pair(global_rank, group + shape_str(Shape(ranks.begin(), ranks.end())));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto existing = comms_[key].lock()) return existing;
+  auto comm = make_communicator(group, ranks, global_rank);
+  comms_[key] = comm;
+  return comm;
+}
 
-const std::string& RankContext::backend() const { return world_->backend(); }
+RankContext::RankContext(std::shared_ptr<CommBackend> backend, int rank)
+    : backend_(std::move(backend)), rank_(rank) {}
+
+int RankContext::world_size() const { return backend_->job().world_size(); }
+
+const char* RankContext::backend() const { return backend_->name(); }
 
 std::shared_ptr<Communicator> RankContext::new_group(const std::string& group,
                                                      const std::vector<int>& ranks) {
-  return world_->new_group(group, ranks, rank_);
+  return backend_->new_group(group, ranks, rank_);
 }
 
 void launch(int world_size, const std::function<void(RankContext&)>& fn,
@@ -99,6 +183,20 @@ void launch(int world_size, const std::function<void(RankContext&)>& fn,
   COMMTRACE_CHECK(world_size >= 1, ErrorCode::InvalidArgument, "launch: world_size {} must be >= 1",
                   world_size);
   COMMTRACE_CHECK(bool(fn), ErrorCode::InvalidArgument, "launch: no function to run");
+  const LauncherEntry* launcher = nullptr;
+  for (const LauncherEntry& e : kLaunchers) {
+    if (options.launcher == e.name) launcher = &e;
+  }
+  COMMTRACE_CHECK(launcher != nullptr, ErrorCode::Unsupported,
+                  "launch: unknown launcher '{}' (expected {})", options.launcher,
+                  fmt::join(launcher_names(), " or "));
+  const BackendEntry* backend = nullptr;
+  for (const BackendEntry& e : kBackends) {
+    if (options.backend == e.name) backend = &e;
+  }
+  COMMTRACE_CHECK(backend != nullptr, ErrorCode::Unsupported,
+                  "launch: unknown backend '{}' (expected {})", options.backend,
+                  fmt::join(backend_names(), " or "));
   std::vector<int> ranks = options.ranks;
   if (ranks.empty()) {
     for (int r = 0; r < world_size; ++r) ranks.push_back(r);
@@ -110,44 +208,13 @@ void launch(int world_size, const std::function<void(RankContext&)>& fn,
     COMMTRACE_CHECK(seen.insert(r).second, ErrorCode::InvalidArgument,
                     "launch: rank {} listed twice", r);
   }
-
-  std::shared_ptr<World> world;
-  if (options.backend == "threads") {
-    COMMTRACE_CHECK(int(ranks.size()) == world_size, ErrorCode::InvalidArgument,
-                    "launch: the threads backend runs every rank; {} of {} requested", ranks.size(),
-                    world_size);
-    COMMTRACE_CHECK(options.timeout_s > 0, ErrorCode::InvalidArgument,
-                    "launch: timeout_s {} must be > 0", options.timeout_s);
-    world = make_threads_world(world_size, options.timeout_s);
-  } else if (options.backend == "fake") {
-    world = make_fake_world(world_size);
-  } else {
-    throw Error(
-        ErrorCode::Unsupported,
-        fmt::format("launch: unknown backend '{}' (expected threads or fake)", options.backend));
-  }
-
-  std::vector<std::thread> threads;
-  threads.reserve(ranks.size());
-  for (int r : ranks) {
-    try {
-      threads.emplace_back([&world, &fn, r] {
-        RankContext ctx(world, r);
-        try {
-          fn(ctx);
-        } catch (...) {
-          world->rank_failed(r, std::current_exception());
-        }
-        world->rank_finished(r);
-      });
-    } catch (...) {
-      // No thread for rank r: fail it so the started ranks stop waiting for it.
-      world->rank_failed(r, std::current_exception());
-      world->rank_finished(r);
-    }
-  }
-  for (std::thread& t : threads) t.join();
-  world->rethrow_first_error();
+  COMMTRACE_CHECK(!backend->needs_all_ranks || int(ranks.size()) == world_size,
+                  ErrorCode::InvalidArgument,
+                  "launch: the {} backend runs every rank; {} of {} requested", backend->name,
+                  ranks.size(), world_size);
+  auto job = std::make_shared<Job>(world_size);
+  launcher->run(backend->make(job, options), ranks, fn);
+  job->rethrow_first_error();
 }
 
 }  // namespace commtrace

@@ -1,8 +1,11 @@
-// launch(): runs a function once per rank, each rank on its own thread, with a backend that
-// makes communicators for groups of ranks. Joins every thread and rethrows the first error.
-// Backends: "threads" (real data through shared memory; never hangs: a rank that throws aborts
-// the others, mismatched collectives fail naming both ranks and calls, waits time out) and
-// "fake" (records, moves no data, any world size; pairs with meta tensors).
+// launch(): runs a function once per rank. Who starts the ranks (the launcher) is separate
+// from who moves their bytes (the backend); both are picked by name from their tables.
+//   launchers: "threads" — one thread per rank in this process (joins all, rethrows the first
+//              error).
+//   backends:  "threads" — real data through shared memory; never hangs: a rank that throws
+//              aborts the others, mismatched collectives fail naming both ranks and calls,
+//              waits time out. "fake" — records, moves no data, any world size and any subset
+//              of ranks (pairs with meta tensors).
 #pragma once
 
 #include <functional>
@@ -15,28 +18,29 @@
 namespace commtrace {
 
 struct LaunchOptions {
-  std::string backend = "threads";  // "threads" or "fake"
-  double timeout_s = 60.0;          // threads: longest wait for the other ranks of a group
-  // Ranks to run (default: all). With "threads" every rank must run; with "fake" any subset
-  // may (collectives never wait for a peer).
+  std::string launcher = "threads";
+  std::string backend = "threads";
+  double timeout_s = 60.0;  // threads backend: longest wait for the other ranks of a group
+  // Ranks to run (default: all). The threads backend needs every rank; fake runs any subset
+  // (collectives never wait for a peer).
   std::vector<int> ranks;
 };
 
-class World;  // the state shared by the ranks of one launch (backend-specific)
+class CommBackend;  // comm/backend.h
 
 // What a rank sees of its launch.
 class RankContext {
  public:
-  RankContext(std::shared_ptr<World> world, int rank);
+  RankContext(std::shared_ptr<CommBackend> backend, int rank);
   int rank() const { return rank_; }
   int world_size() const;
-  const std::string& backend() const;
+  const char* backend() const;
   // The communicator of `ranks` (global ranks, in group order; must contain this rank) named
   // `group`. Every rank of the group must ask for the same (group, ranks).
   std::shared_ptr<Communicator> new_group(const std::string& group, const std::vector<int>& ranks);
 
  private:
-  std::shared_ptr<World> world_;
+  std::shared_ptr<CommBackend> backend_;
   int rank_;
 };
 
@@ -45,5 +49,9 @@ class RankContext {
 // for it in a collective or recv fails them with an error naming it.
 void launch(int world_size, const std::function<void(RankContext&)>& fn,
             const LaunchOptions& options = {});
+
+// The names the tables know, for help texts and errors.
+std::vector<std::string> launcher_names();
+std::vector<std::string> backend_names();
 
 }  // namespace commtrace

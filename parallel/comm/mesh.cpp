@@ -1,40 +1,49 @@
 #include "parallel/comm/mesh.h"
 
+#include <charconv>
+#include <limits>
+#include <set>
+
 #include "parallel/comm/launch.h"
 
 namespace commtrace {
 
 DeviceMesh::DeviceMesh(RankContext& ctx, std::vector<int> shape, std::vector<std::string> names)
     : shape_(std::move(shape)), names_(std::move(names)), rank_(ctx.rank()) {
-  COMMTRACE_CHECK(shape_.size() == 1 || shape_.size() == 2, ErrorCode::InvalidArgument,
-                  "DeviceMesh: {} dims given; 1-D and 2-D meshes are supported", shape_.size());
-  int total = 1;
+  COMMTRACE_CHECK(!shape_.empty(), ErrorCode::InvalidArgument, "DeviceMesh: no dims given");
+  std::int64_t total = 1;
   for (int s : shape_) {
     COMMTRACE_CHECK(s >= 1, ErrorCode::InvalidArgument, "DeviceMesh: dim size {} < 1", s);
     total *= s;
+    COMMTRACE_CHECK(total <= ctx.world_size(), ErrorCode::InvalidArgument,
+                    "DeviceMesh: mesh {} has more ranks than the world of {}",
+                    fmt::join(shape_, "x"), ctx.world_size());
   }
   COMMTRACE_CHECK(total == ctx.world_size(), ErrorCode::InvalidArgument,
                   "DeviceMesh: mesh of {} ranks on a world of {}", total, ctx.world_size());
   named_ = !names_.empty();
-  if (!named_) {
-    names_ =
-        shape_.size() == 1 ? std::vector<std::string>{"tp"} : std::vector<std::string>{"dp", "tp"};
-  }
+  if (!named_) names_ = default_mesh_dim_names(shape_.size());
   COMMTRACE_CHECK(names_.size() == shape_.size(), ErrorCode::InvalidArgument,
                   "DeviceMesh: {} names for {} dims", names_.size(), shape_.size());
-  COMMTRACE_CHECK(names_.size() == 1 || names_[0] != names_[1], ErrorCode::InvalidArgument,
-                  "DeviceMesh: dim names must differ ('{}')", names_[0]);
+  const std::set<std::string> distinct(names_.begin(), names_.end());
+  COMMTRACE_CHECK(distinct.size() == names_.size(), ErrorCode::InvalidArgument,
+                  "DeviceMesh: dim names must differ ({})", fmt::join(names_, ", "));
 
   // Row-major coordinates; the group of dim d varies coordinate d and fixes the others.
-  const int cols = shape_.size() == 2 ? shape_[1] : 1;
-  coord_ =
-      shape_.size() == 2 ? std::vector<int>{rank_ / cols, rank_ % cols} : std::vector<int>{rank_};
-  for (int d = 0; d < ndim(); ++d) {
+  const int n = ndim();
+  std::vector<int> stride(std::size_t(n), 1);
+  for (int d = n - 2; d >= 0; --d) {
+    stride[std::size_t(d)] = stride[std::size_t(d + 1)] * shape_[std::size_t(d + 1)];
+  }
+  coord_.resize(std::size_t(n));
+  for (int d = 0; d < n; ++d) {
+    coord_[std::size_t(d)] = rank_ / stride[std::size_t(d)] % shape_[std::size_t(d)];
+  }
+  for (int d = 0; d < n; ++d) {
+    const int base = rank_ - coord_[std::size_t(d)] * stride[std::size_t(d)];
     std::vector<int> ranks;
     for (int i = 0; i < shape_[std::size_t(d)]; ++i) {
-      std::vector<int> c = coord_;
-      c[std::size_t(d)] = i;
-      ranks.push_back(shape_.size() == 2 ? c[0] * cols + c[1] : c[0]);
+      ranks.push_back(base + i * stride[std::size_t(d)]);
     }
     comms_.push_back(ctx.new_group(names_[std::size_t(d)], ranks));
   }
@@ -78,21 +87,16 @@ std::vector<int> parse_mesh_shape(const std::string& s) {
   while (pos <= s.size()) {
     const auto x = s.find('x', pos);
     const std::string part = s.substr(pos, x == std::string::npos ? std::string::npos : x - pos);
-    std::size_t used = 0;
     int v = 0;
-    try {
-      v = std::stoi(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    COMMTRACE_CHECK(!part.empty() && used == part.size() && v >= 1, ErrorCode::InvalidArgument,
-                    "mesh '{}': expected N or AxB with positive integers", s);
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    COMMTRACE_CHECK(
+        !part.empty() && ec == std::errc() && end == part.data() + part.size() && v >= 1,
+        ErrorCode::InvalidArgument, "mesh '{}': expected N, AxB or AxBxC... with positive integers",
+        s);
     out.push_back(v);
     if (x == std::string::npos) break;
     pos = x + 1;
   }
-  COMMTRACE_CHECK(out.size() <= 2, ErrorCode::InvalidArgument,
-                  "mesh '{}': at most 2 dims are supported", s);
   return out;
 }
 

@@ -1,6 +1,6 @@
-// DeviceMesh: this rank's view of a 1-D or 2-D grid of ranks (row-major), with a name and a
+// DeviceMesh: this rank's view of an N-D grid of ranks (row-major), with a name and a
 // communicator per dim. On a 2×4 mesh named ("dp", "tp"), rank 6 sits at (1, 2); its "tp" group
-// is ranks {4, 5, 6, 7} and its "dp" group {2, 6}.
+// is ranks {4, 5, 6, 7} and its "dp" group {2, 6}. Sub-meshes of one dim share its communicator.
 #pragma once
 
 #include <memory>
@@ -15,8 +15,9 @@ class RankContext;
 
 class DeviceMesh {
  public:
-  // names: one per dim; empty gives 1-D "tp" (unnamed in str()) or 2-D ("dp", "tp").
-  // REQUIRES: the product of shape equals ctx.world_size().
+  // names: one per dim, distinct; empty gives commtrace's defaults ("tp"; "dp", "tp"; "dim0",
+  // ...), which PyTorch's repr does not show. REQUIRES: the product of shape equals
+  // ctx.world_size(); every dim size >= 1.
   DeviceMesh(RankContext& ctx, std::vector<int> shape, std::vector<std::string> names = {});
 
   // The 1-D mesh of one dim (e.g. "tp" of a dp × tp mesh), sharing its communicator.
@@ -36,6 +37,9 @@ class DeviceMesh {
   const std::string& str() const { return repr_; }
 
  private:
+  DeviceMesh() = default;
+  void set_info();
+
   std::vector<int> shape_;
   std::vector<std::string> names_;
   bool named_ = false;
@@ -44,11 +48,9 @@ class DeviceMesh {
   std::vector<std::shared_ptr<Communicator>> comms_;
   MeshInfo info_;
   std::string repr_;
-  DeviceMesh() = default;
-  void set_info();
 };
 
-// Parses "4" or "2x4" into a mesh shape; throws on anything else.
+// Parses "4", "2x4" or "2x2x2" into a mesh shape; throws on anything else.
 std::vector<int> parse_mesh_shape(const std::string& s);
 
 }  // namespace commtrace

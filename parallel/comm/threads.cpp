@@ -1,8 +1,13 @@
 // The "threads" backend: every rank is a thread of one process and collectives move data through
 // shared memory. Per group there is one rendezvous (mutex, condvar, one slot per group rank);
 // send/recv go through per-(src, dst) mailboxes of the same group. It never hangs: every wait
-// polls the World's abort flag, the finished ranks and a timeout. It is not a performance model
+// looks at the Job's abort flag, the finished ranks and a timeout. It is not a performance model
 // of a real interconnect; it exists to run TP/SP programs with real numbers on one machine.
+//
+// Point to point is a rendezvous, not eager: a batch posts its sends (pointers to the sender's
+// buffers) in the mailboxes, then takes its receives (each receiver copies straight from the
+// sender's buffer), then waits until its sends were taken. Posting every send of a batch before
+// waiting on anything is what lets a ring step (send right, receive left) complete.
 //
 // A collective, on each rank:
 //   1. arrive: post {call, seq, buffers} in the rank's slot and wait until every rank of the group
@@ -73,11 +78,16 @@ struct Slot {
   void* out = nullptr;
 };
 
-struct Message {
-  std::uint64_t seq;
-  DType dtype;
+// A send waiting in a mailbox: the sender's buffer, valid until the receiver marks it taken
+// (the sender waits for that, and withdraws what is still queued when it fails).
+struct Posted {
+  std::uint64_t seq = 0;
+  DType dtype = DType::F32;
   Shape shape;
-  std::vector<char> data;
+  const void* data = nullptr;
+  std::size_t bytes = 0;
+  enum class State { Queued, Copying, Taken } state = State::Queued;
+  std::string error;  // set by the receiver when the shapes do not match
 };
 
 struct GroupState {
@@ -88,7 +98,7 @@ struct GroupState {
   std::mutex mu;                 // guards everything below
   std::condition_variable cv;    // notified on every change
   std::vector<Slot> slots;
-  std::map<std::pair<int, int>, std::deque<Message>> mail;  // (src, dst) group ranks
+  std::map<std::pair<int, int>, std::deque<Posted*>> mail;  // (src, dst) group ranks
 };
 
 std::string rank_set(const std::vector<int>& ranks) {
@@ -106,17 +116,15 @@ char* byte_ptr(void* p, std::int64_t offset) { return static_cast<char*>(p) + of
 
 // ---- the world and the communicator ----
 
-class ThreadsWorld final : public World {
+class ThreadsBackend final : public CommBackend,
+                             public std::enable_shared_from_this<ThreadsBackend> {
  public:
-  ThreadsWorld(int world_size, double timeout_s)
-      : World(world_size, "threads"), timeout_s_(timeout_s) {}
+  ThreadsBackend(std::shared_ptr<Job> job, double timeout_s)
+      : CommBackend(std::move(job), "threads"), timeout_s_(timeout_s) {}
   double timeout_s() const { return timeout_s_; }
 
- protected:
-  std::shared_ptr<Communicator> make_communicator(const std::string& group,
-                                                  const std::vector<int>& ranks,
-                                                  int global_rank) override;
-  void wake_all() override {
+  // Wakes every wait so it sees the abort flag or a finished rank now.
+  void wake_all() {
     std::vector<std::shared_ptr<GroupState>> groups;
     {
       std::lock_guard<std::mutex> lock(groups_mu_);
@@ -128,6 +136,11 @@ class ThreadsWorld final : public World {
     }
   }
 
+ protected:
+  std::shared_ptr<Communicator> make_communicator(const std::string& group,
+                                                  const std::vector<int>& ranks,
+                                                  int global_rank) override;
+
  private:
   double timeout_s_;
   std::mutex groups_mu_;
@@ -137,9 +150,9 @@ class ThreadsWorld final : public World {
 class ThreadsCommunicator final : public Communicator {
  public:
   ThreadsCommunicator(const std::string& group, const std::vector<int>& ranks, int global_rank,
-                      std::shared_ptr<ThreadsWorld> world, std::shared_ptr<GroupState> state)
+                      std::shared_ptr<ThreadsBackend> backend, std::shared_ptr<GroupState> state)
       : Communicator(group, ranks, global_rank),
-        world_(std::move(world)),
+        backend_(std::move(backend)),
         state_(std::move(state)),
         global_rank_(global_rank) {}
 
@@ -162,9 +175,8 @@ class ThreadsCommunicator final : public Communicator {
       case Collective::Broadcast:
         return do_broadcast(out, c.root, c.seq);
       case Collective::Send:
-        return do_send(*c.in, c.peer, c.seq);
       case Collective::Recv:
-        return do_recv(out, c.peer, c.seq);
+        return run_p2p({&c, 1});
       case Collective::Barrier:
         return do_barrier(c.seq);
     }
@@ -241,50 +253,119 @@ class ThreadsCommunicator final : public Communicator {
                [](const std::vector<const void*>&, const std::vector<void*>&) {});
   }
 
-  // Sends are eager: the data is copied into the (rank, peer) mailbox and send returns, so a ring
-  // where every rank sends before it receives cannot deadlock.
-  void do_send(const Tensor& t, int peer, std::uint64_t seq) {
-    Message m{seq, t.dtype(), t.shape(), {}};
-    const std::size_t bytes = std::size_t(t.numel()) * dtype_size(t.dtype());
-    m.data.resize(bytes);
-    if (bytes > 0) std::memcpy(m.data.data(), data_of(t), bytes);
+  void run_p2p(std::span<const CollectiveCall> calls) override {
     GroupState& g = *state_;
-    std::lock_guard<std::mutex> lock(g.mu);
-    g.mail[{rank(), peer}].push_back(std::move(m));
+    std::vector<Posted> posted;  // reserved up front: the mailboxes point into it
+    posted.reserve(calls.size());
+    std::vector<int> posted_peer;
+    {
+      std::lock_guard<std::mutex> lock(g.mu);
+      for (const CollectiveCall& c : calls) {
+        if (c.op != Collective::Send) continue;
+        Posted& p = posted.emplace_back();
+        p.seq = c.seq;
+        p.dtype = c.in->dtype();
+        p.shape = c.in->shape();
+        p.bytes = std::size_t(c.in->numel()) * dtype_size(p.dtype);
+        p.data = p.bytes ? data_of(*c.in) : nullptr;
+        posted_peer.push_back(c.peer);
+        g.mail[{rank(), c.peer}].push_back(&p);
+      }
+      g.cv.notify_all();
+    }
+    try {
+      for (const CollectiveCall& c : calls) {
+        if (c.op == Collective::Recv) take(*c.out, c.peer, c.seq);
+      }
+      wait_taken(posted, posted_peer);
+    } catch (...) {
+      withdraw(posted, posted_peer);
+      throw;
+    }
+  }
+
+  // Receives seq from peer: waits for its posted send, copies from the sender's buffer.
+  void take(const Tensor& t, int peer, std::uint64_t seq) {
+    GroupState& g = *state_;
+    const int peer_global = ranks()[std::size_t(peer)];
+    std::unique_lock<std::mutex> lock(g.mu);
+    std::deque<Posted*>& box = g.mail[{peer, rank()}];
+    const auto deadline = deadline_from_now();
+    while (box.empty()) {
+      check_abort();
+      COMMTRACE_CHECK(!backend_->job().finished(peer_global), ErrorCode::InvalidArgument,
+                      "rank {} waits in recv seq {} from rank {} on group '{}', but rank {} "
+                      "returned without sending it",
+                      global_rank_, seq, peer_global, g.name, peer_global);
+      COMMTRACE_CHECK(Clock::now() < deadline, ErrorCode::Aborted,
+                      "rank {} timed out after {}s waiting for ranks {{{}}} at recv seq {} on "
+                      "group '{}'",
+                      global_rank_, backend_->timeout_s(), peer_global, seq, g.name);
+      g.cv.wait_for(lock, kWaitSlice);
+    }
+    Posted& p = *box.front();
+    box.pop_front();
+    const bool match = p.seq == seq && p.dtype == t.dtype() && p.shape == t.shape();
+    if (!match) {
+      p.error =
+          p.seq != seq
+              ? fmt::format("recv: rank {} expected seq {} from rank {} on group '{}', got seq {}",
+                            global_rank_, seq, peer_global, g.name, p.seq)
+              : fmt::format(
+                    "send/recv mismatch on group '{}' seq {}: rank {} sent {}{}, rank {} "
+                    "receives {}",
+                    g.name, seq, peer_global, dtype_name(p.dtype), shape_str(p.shape), global_rank_,
+                    describe(t));
+      p.state = Posted::State::Taken;
+      g.cv.notify_all();
+      throw Error(p.seq != seq ? ErrorCode::Internal : ErrorCode::InvalidArgument, p.error);
+    }
+    p.state = Posted::State::Copying;
+    lock.unlock();
+    if (p.bytes > 0) std::memcpy(data_of(t), p.data, p.bytes);
+    lock.lock();
+    p.state = Posted::State::Taken;
     g.cv.notify_all();
   }
 
-  void do_recv(Tensor& t, int peer, std::uint64_t seq) {
+  // Waits until every posted send was taken by its receiver.
+  void wait_taken(std::vector<Posted>& posted, const std::vector<int>& peers) {
     GroupState& g = *state_;
-    const int peer_global = ranks()[std::size_t(peer)];
-    Message m;
-    {
-      std::unique_lock<std::mutex> lock(g.mu);
-      std::deque<Message>& box = g.mail[{peer, rank()}];
-      const auto deadline = deadline_from_now();
-      while (box.empty()) {
+    std::unique_lock<std::mutex> lock(g.mu);
+    const auto deadline = deadline_from_now();
+    for (std::size_t i = 0; i < posted.size(); ++i) {
+      Posted& p = posted[i];
+      const int peer_global = ranks()[std::size_t(peers[i])];
+      while (p.state != Posted::State::Taken) {
         check_abort();
-        COMMTRACE_CHECK(!world_->finished(peer_global), ErrorCode::InvalidArgument,
-                        "rank {} waits in recv seq {} from rank {} on group '{}', but rank {} "
-                        "returned without sending it",
-                        global_rank_, seq, peer_global, g.name, peer_global);
+        COMMTRACE_CHECK(!backend_->job().finished(peer_global), ErrorCode::InvalidArgument,
+                        "rank {} waits in send seq {} to rank {} on group '{}', but rank {} "
+                        "returned without receiving it",
+                        global_rank_, p.seq, peer_global, g.name, peer_global);
         COMMTRACE_CHECK(Clock::now() < deadline, ErrorCode::Aborted,
-                        "rank {} timed out after {}s waiting for ranks {{{}}} at recv seq {} on "
+                        "rank {} timed out after {}s waiting for ranks {{{}}} at send seq {} on "
                         "group '{}'",
-                        global_rank_, world_->timeout_s(), peer_global, seq, g.name);
+                        global_rank_, backend_->timeout_s(), peer_global, p.seq, g.name);
         g.cv.wait_for(lock, kWaitSlice);
       }
-      m = std::move(box.front());
-      box.pop_front();
+      if (!p.error.empty()) throw Error(ErrorCode::InvalidArgument, p.error);
     }
-    COMMTRACE_CHECK(m.seq == seq, ErrorCode::Internal,
-                    "recv: rank {} expected seq {} from rank {} on group '{}', got seq {}",
-                    global_rank_, seq, peer_global, g.name, m.seq);
-    COMMTRACE_CHECK(
-        m.dtype == t.dtype() && m.shape == t.shape(), ErrorCode::InvalidArgument,
-        "send/recv mismatch on group '{}' seq {}: rank {} sent {}{}, rank {} receives {}", g.name,
-        seq, peer_global, dtype_name(m.dtype), shape_str(m.shape), global_rank_, describe(t));
-    if (!m.data.empty()) std::memcpy(data_of(t), m.data.data(), m.data.size());
+  }
+
+  // On failure: sends still queued leave the mailboxes; one a receiver is copying finishes
+  // first (a copy never blocks), so no peer reads a buffer after this returns.
+  void withdraw(std::vector<Posted>& posted, const std::vector<int>& peers) {
+    GroupState& g = *state_;
+    std::unique_lock<std::mutex> lock(g.mu);
+    for (std::size_t i = 0; i < posted.size(); ++i) {
+      Posted& p = posted[i];
+      if (p.state == Posted::State::Queued) {
+        std::deque<Posted*>& box = g.mail[{rank(), peers[i]}];
+        box.erase(std::remove(box.begin(), box.end(), &p), box.end());
+        p.state = Posted::State::Taken;
+      }
+      while (p.state == Posted::State::Copying) g.cv.wait_for(lock, kWaitSlice);
+    }
   }
 
   using Step = std::function<void(const std::vector<const void*>&, const std::vector<void*>&)>;
@@ -293,11 +374,12 @@ class ThreadsCommunicator final : public Communicator {
 
   Clock::time_point deadline_from_now() const {
     return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                              std::chrono::duration<double>(world_->timeout_s()));
+                              std::chrono::duration<double>(backend_->timeout_s()));
   }
 
   void check_abort() const {
-    if (world_->aborted()) throw PeerAborted(world_->abort_message());
+    const Job& job = backend_->job();
+    if (job.aborted()) throw PeerAborted(job.abort_message());
   }
 
   // The three phases of the file comment. step gets every rank's in and out buffer.
@@ -394,7 +476,7 @@ class ThreadsCommunicator final : public Communicator {
                                       collective_name(d.op), seq, g.name, s.left_error));
       }
       for (int r : missing) {
-        COMMTRACE_CHECK(!world_->finished(r), ErrorCode::InvalidArgument,
+        COMMTRACE_CHECK(!backend_->job().finished(r), ErrorCode::InvalidArgument,
                         "rank {} waits in {} seq {} on group '{}', but rank {} returned without "
                         "calling it",
                         global_rank_, call_str(d), seq, g.name, r);
@@ -402,20 +484,20 @@ class ThreadsCommunicator final : public Communicator {
       COMMTRACE_CHECK(Clock::now() < deadline, ErrorCode::Aborted,
                       "rank {} timed out after {}s waiting for ranks {} at {} seq {} on group "
                       "'{}'",
-                      global_rank_, world_->timeout_s(), rank_set(missing), collective_name(d.op),
+                      global_rank_, backend_->timeout_s(), rank_set(missing), collective_name(d.op),
                       seq, g.name);
       g.cv.wait_for(lock, kWaitSlice);
     }
   }
 
-  std::shared_ptr<ThreadsWorld> world_;
+  std::shared_ptr<ThreadsBackend> backend_;
   std::shared_ptr<GroupState> state_;
   int global_rank_;
 };
 
-std::shared_ptr<Communicator> ThreadsWorld::make_communicator(const std::string& group,
-                                                              const std::vector<int>& ranks,
-                                                              int global_rank) {
+std::shared_ptr<Communicator> ThreadsBackend::make_communicator(const std::string& group,
+                                                                const std::vector<int>& ranks,
+                                                                int global_rank) {
   std::shared_ptr<GroupState> state;
   {
     std::lock_guard<std::mutex> lock(groups_mu_);
@@ -423,15 +505,20 @@ std::shared_ptr<Communicator> ThreadsWorld::make_communicator(const std::string&
     if (!slot) slot = std::make_shared<GroupState>(group, ranks);
     state = slot;
   }
-  return std::make_shared<ThreadsCommunicator>(
-      group, ranks, global_rank, std::static_pointer_cast<ThreadsWorld>(shared_from_this()),
-      std::move(state));
+  return std::make_shared<ThreadsCommunicator>(group, ranks, global_rank, shared_from_this(),
+                                               std::move(state));
 }
 
 }  // namespace
 
-std::shared_ptr<World> make_threads_world(int world_size, double timeout_s) {
-  return std::make_shared<ThreadsWorld>(world_size, timeout_s);
+std::shared_ptr<CommBackend> make_threads_backend(std::shared_ptr<Job> job, double timeout_s) {
+  auto backend = std::make_shared<ThreadsBackend>(job, timeout_s);
+  // The Job wakes the backend's waits on an abort or a finished rank; a weak link, so the Job
+  // does not keep its backend alive.
+  job->on_wake([weak = std::weak_ptr<ThreadsBackend>(backend)] {
+    if (auto b = weak.lock()) b->wake_all();
+  });
+  return backend;
 }
 
 }  // namespace commtrace

@@ -17,11 +17,15 @@ std::vector<int> mesh_shape(const ParallelConfig& cfg) {
   COMMTRACE_CHECK(cfg.world_size >= 1, ErrorCode::InvalidArgument,
                   "world size {} must be at least 1", cfg.world_size);
   std::vector<int> shape = cfg.mesh.empty() ? std::vector<int>{cfg.world_size} : cfg.mesh;
-  int n = 1;
-  for (int s : shape) n *= s;
+  COMMTRACE_CHECK(shape.size() <= 2, ErrorCode::InvalidArgument,
+                  "mesh {}: runs use a 1-D (tp) or 2-D (dp x tp) mesh; N-D meshes are for "
+                  "programs that build a DeviceMesh themselves",
+                  fmt::join(shape, "x"));
+  std::int64_t n = 1;
+  for (int s : shape) n *= s;  // two ints: no overflow in 64 bits
   COMMTRACE_CHECK(n == cfg.world_size, ErrorCode::InvalidArgument,
-                  "mesh {} has {} ranks but the world size is {}",
-                  fmt::format("{}", fmt::join(shape, "x")), n, cfg.world_size);
+                  "mesh {} has {} ranks but the world size is {}", fmt::join(shape, "x"), n,
+                  cfg.world_size);
   return shape;
 }
 

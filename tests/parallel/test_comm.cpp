@@ -220,7 +220,7 @@ TEST_CASE("broadcast copies the root's tensor to every rank", "[comm]") {
   }
 }
 
-TEST_CASE("send/recv pass tensors around a ring without touching the group seq", "[comm]") {
+TEST_CASE("batched send/recv pass tensors around a ring without touching the group seq", "[comm]") {
   for (int world = 2; world <= 4; ++world) {
     std::vector<std::vector<double>> got(static_cast<std::size_t>(world));
     std::vector<std::uint64_t> next(static_cast<std::size_t>(world));
@@ -230,8 +230,9 @@ TEST_CASE("send/recv pass tensors around a ring without touching the group seq",
       Tensor buf = Tensor::full({3}, r, DType::F32);
       for (int step = 0; step + 1 < world; ++step) {
         Tensor incoming = Tensor::zeros({3}, DType::F32);
-        c.send(buf, right);  // eager: every rank sends first, then receives
-        c.recv(incoming, left);
+        // One ring step: the send and the receive are issued together.
+        const P2POp ops[] = {{P2POp::Kind::Send, buf, right}, {P2POp::Kind::Recv, incoming, left}};
+        c.batch_p2p(ops);
         buf = incoming;
         got[std::size_t(r)].push_back(buf.to_vector()[0]);
       }
@@ -245,6 +246,57 @@ TEST_CASE("send/recv pass tensors around a ring without touching the group seq",
       REQUIRE(next[std::size_t(r)] == 0);
     }
   }
+}
+
+TEST_CASE("sends are not eager: a ring of lone sends stalls and times out", "[comm]") {
+  LaunchOptions opts;
+  opts.timeout_s = 0.2;
+  const Error e = error_of([&] {
+    run_tp(
+        3,
+        [&](int r, Communicator& c) {
+          Tensor t = Tensor::full({2}, 1.0);
+          c.send(t, (r + 1) % 3);  // every rank waits for its receiver, who is sending too
+          c.recv(t, (r + 2) % 3);
+        },
+        opts);
+  });
+  CAPTURE(e.what());
+  REQUIRE(e.code() == ErrorCode::Aborted);
+  REQUIRE(contains(e.what(), "timed out after 0.2s waiting for ranks"));
+  REQUIRE(contains(e.what(), "at send seq 0 on group 'tp'"));
+}
+
+TEST_CASE("a batch with a mismatched receive fails both sides and leaves no buffer behind",
+          "[comm]") {
+  RankErrors errs(2);
+  const Error e = error_of([&] {
+    run_tp(2, [&](int r, Communicator& c) {
+      errs.run(r, [&] {
+        Tensor out = Tensor::zeros({r == 0 ? 4 : 8});
+        Tensor in = Tensor::full({4}, 1.0);
+        const P2POp ops[] = {{P2POp::Kind::Send, in, 1 - r}, {P2POp::Kind::Recv, out, 1 - r}};
+        c.batch_p2p(ops);
+      });
+    });
+  });
+  REQUIRE(e.code() == ErrorCode::InvalidArgument);
+  REQUIRE(contains(e.what(),
+                   "send/recv mismatch on group 'tp' seq 0: rank 0 sent f32[4], rank 1 "
+                   "receives f32[8]"));
+  REQUIRE(contains(errs.msg[0], "send/recv mismatch"));
+  REQUIRE(contains(errs.msg[1], "send/recv mismatch"));
+}
+
+TEST_CASE("a receiver that returns fails the sender waiting for it", "[comm]") {
+  const Error e = error_of([&] {
+    run_tp(2, [&](int r, Communicator& c) {
+      if (r == 0) c.send(Tensor::full({2}, 1.0), 1);
+    });
+  });
+  REQUIRE(contains(e.what(),
+                   "rank 0 waits in send seq 0 to rank 1 on group 'tp', but rank 1 "
+                   "returned without receiving it"));
 }
 
 TEST_CASE("the groups of a 2-D mesh reduce independently", "[comm]") {
@@ -298,8 +350,10 @@ TEST_CASE("collectives are recorded with seq, group, bytes and reason", "[comm]"
     c.broadcast(b, 1);
     c.barrier();
     Tensor p = Tensor::full({3}, 1.0);
-    c.send(p, (r + 1) % world);
-    c.recv(p, (r + world - 1) % world);
+    Tensor q = Tensor::zeros({3});
+    const P2POp ring[] = {{P2POp::Kind::Send, p, (r + 1) % world},
+                          {P2POp::Kind::Recv, q, (r + world - 1) % world}};
+    c.batch_p2p(ring);
     Tensor h = Tensor::full({4}, 1.0, DType::BF16);
     c.all_reduce(h, ReduceOp::Max);
     traces[std::size_t(r)] = tr.take();

@@ -159,6 +159,48 @@ TEST_CASE("transitions on either dim of a 2x2 mesh use that dim's group", "[dten
   }
 }
 
+TEST_CASE("a 3-D mesh: coordinates, groups, repr, and transitions on each dim", "[dtensor]") {
+  // (2, 2, 2) named (dp, sp, tp): rank 5 = (1, 0, 1).
+  std::vector<std::vector<int>> coords(8);
+  std::vector<std::vector<int>> groups(8);
+  std::vector<std::string> reprs(8);
+  launch(8, [&](RankContext& ctx) {
+    DeviceMesh mesh(ctx, {2, 2, 2}, {"dp", "sp", "tp"});
+    const std::size_t r = std::size_t(ctx.rank());
+    for (int d = 0; d < 3; ++d) {
+      coords[r].push_back(mesh.coordinate(d));
+      for (int g : mesh.comm(d).ranks()) groups[r].push_back(g);
+    }
+    reprs[r] = mesh.str() + " " + mesh.sub(1)->str();
+  });
+  REQUIRE(coords[5] == std::vector<int>{1, 0, 1});
+  REQUIRE(groups[5] == std::vector<int>{1, 5, 5, 7, 4, 5});  // dp {1, 5}, sp {5, 7}, tp {4, 5}
+  REQUIRE(reprs[0] ==
+          "DeviceMesh((2, 2, 2), 'cpu', mesh_dim_names=('dp', 'sp', 'tp'), stride=(4, 2, 1)) "
+          "DeviceMesh((2,), 'cpu', mesh_dim_names=('sp',), stride=(1,))");
+  REQUIRE(parse_mesh_shape("2x2x2") == std::vector<int>{2, 2, 2});
+  REQUIRE_THROWS_AS(parse_mesh_shape("2x0x2"), Error);
+
+  // A tensor sharded on all three dims (dim 0 over dp and sp, dim 1 over tp), gathered one dim
+  // at a time: each step is an all_gather on that dim's group only, and values come back exact.
+  const Placement R = Placement::replicate();
+  auto S = [](int d) { return Placement::shard(d); };
+  const std::vector<double> expected = full_8x8().to_vector();
+  const auto on_tp = run_transition({2, 2, 2}, {S(0), S(0), S(1)}, {S(0), S(0), R});
+  const auto on_sp = run_transition({2, 2, 2}, {S(0), S(0), S(1)}, {S(0), R, S(1)});
+  const auto all = run_transition({2, 2, 2}, {S(0), S(0), S(1)}, {R, R, R});
+  for (int rank = 0; rank < 8; ++rank) {
+    REQUIRE(on_tp[std::size_t(rank)].coll.forward == std::vector<std::string>{"all_gather"});
+    REQUIRE(on_sp[std::size_t(rank)].coll.forward == std::vector<std::string>{"all_gather"});
+    REQUIRE(all[std::size_t(rank)].coll.forward ==
+            std::vector<std::string>{"all_gather", "all_gather", "all_gather"});
+    for (const auto* r : {&on_tp, &on_sp, &all}) {
+      REQUIRE((*r)[std::size_t(rank)].full_out == expected);
+      REQUIRE((*r)[std::size_t(rank)].full_grad == std::vector<double>(64, 1.0));
+    }
+  }
+}
+
 TEST_CASE("collectives of a redistribute name the group, the placements and the reason",
           "[dtensor]") {
   std::vector<Trace> traces(2);
