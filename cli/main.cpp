@@ -9,11 +9,13 @@
 #include <cstdlib>
 
 #include "parallel/nn/models.h"
+#include "parallel/run/bench.h"
 #include "parallel/run/runner.h"
 #include "parallel/run/train.h"
 #include "report/baseline.h"
 #include "report/consistency.h"
 #include "report/diff.h"
+#include "report/names.h"
 #include "report/torch_compat.h"
 #include "report/trace_json.h"
 #include "report/tree.h"
@@ -232,6 +234,64 @@ int cmd_run(RunArgs& a) {
   return rc;
 }
 
+struct BenchArgs {
+  ParallelArgs p;
+  std::string backend = "threads";
+  StepBenchOptions step;
+  std::string rank = "all";
+  int ar_world = 2;
+  double mib = 64;
+  int rounds = 15;
+};
+
+int cmd_bench_step(BenchArgs& a) {
+  a.p.cfg.backend = a.backend;
+  a.p.resolve();
+  a.step.cfg = a.p.cfg;
+  COMMTRACE_CHECK(a.rank == "all" || a.rank == "0", ErrorCode::InvalidArgument,
+                  "--rank: expected 0 or all, got '{}'", a.rank);
+  a.step.trace_all_ranks = a.rank == "all";
+  const ParallelConfig& cfg = a.step.cfg;
+  fmt::print(
+      "commtrace bench step: {} plan {} on {} ranks, {} backend, {}; {} rounds of {} steps, "
+      "untraced and traced interleaved\n",
+      cfg.model, cfg.plan, cfg.world_size, cfg.backend, device_name(cfg.module.device),
+      a.step.rounds, a.step.steps);
+  std::fflush(stdout);
+  const StepBenchResult r = bench_step(a.step);
+  fmt::print("  untraced step     {:>10.1f} us  (median)\n", r.untraced_s * 1e6);
+  fmt::print("  traced step       {:>10.1f} us  (median; {} rank{} traced)\n", r.traced_s * 1e6,
+             r.traced_ranks, r.traced_ranks == 1 ? "" : "s");
+  fmt::print("  traced/untraced   {:>10.3f}\n", r.ratio());
+  fmt::print("  events per step   {:>10}     (per traced rank)\n", r.events_per_step);
+  fmt::print("  cost per event    {:>10.0f} ns  ((traced - untraced) / events; wall time)\n",
+             r.ns_per_event());
+  fmt::print(
+      "  stored record     {:>10} B   (with its arguments and tables; {} stored for {} "
+      "recorded: identical iterations fold)\n",
+      r.record_bytes, r.stored_records, r.recorded_events);
+  return 0;
+}
+
+int cmd_bench_allreduce(BenchArgs& a) {
+  const auto bytes = std::uint64_t(a.mib * 1024 * 1024);
+  fmt::print(
+      "commtrace bench allreduce: {} of f32 on {} threads ranks, {} rounds, a memcpy of the same "
+      "bytes after each\n",
+      format_bytes(bytes), a.ar_world, a.rounds);
+  std::fflush(stdout);
+  const AllReduceBenchResult r = bench_all_reduce(a.ar_world, bytes, a.rounds);
+  fmt::print("  all_reduce        {:>10.2f} ms  (median)   busbw {:>7.2f} GB/s\n",
+             r.all_reduce_s * 1e3, r.busbw_gbs);
+  fmt::print("  memcpy            {:>10.2f} ms  (median)   {:>13.2f} GB/s\n", r.memcpy_s * 1e3,
+             r.memcpy_gbs);
+  fmt::print(
+      "  busbw / memcpy    {:>10.2f}     ({} ranks on {} cores move 2n·S bytes per all_reduce "
+      "of S; a memcpy moves 2·S on one core)\n",
+      r.busbw_gbs / r.memcpy_gbs, r.world_size, r.cores);
+  return 0;
+}
+
 const Trace& pick_rank(const std::vector<Trace>& traces, int rank, const std::string& path) {
   for (const Trace& t : traces) {
     if (t.rank == rank) return t;
@@ -384,6 +444,41 @@ int main(int argc, char** argv) {
   check_cmd->add_flag("--update", check_args.update, "Write the baseline from the trace");
   check_cmd->add_option("--rank", check_args.rank, "Rank to check")->capture_default_str();
 
+  BenchArgs bench_args;
+  auto* bench_cmd =
+      app.add_subcommand("bench", "Measure tracing cost and the threads backend's bandwidth");
+  bench_cmd->require_subcommand(1);
+  auto* bench_step_cmd = bench_cmd->add_subcommand(
+      "step", "A training step untraced and traced, interleaved: the cost of tracing");
+  bench_args.p.cfg.model = "transformer";
+  bench_args.p.cfg.world_size = 4;
+  bench_args.p.add_to(bench_step_cmd);
+  bench_step_cmd->add_option("--device", bench_args.p.device, "cpu, or meta (with --backend fake)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "meta"}));
+  bench_step_cmd->add_option("--backend", bench_args.backend, "threads or fake")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"threads", "fake"}));
+  bench_step_cmd->add_option("--rank", bench_args.rank, "Ranks traced: all, or 0")
+      ->capture_default_str();
+  bench_step_cmd->add_option("--steps", bench_args.step.steps, "Steps per sample")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  bench_step_cmd->add_option("--rounds", bench_args.step.rounds, "Samples of each kind")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  auto* bench_ar_cmd = bench_cmd->add_subcommand(
+      "allreduce", "The threads backend's all_reduce bus bandwidth against memcpy");
+  bench_ar_cmd->add_option("--world-size", bench_args.ar_world, "Ranks")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 64));
+  bench_ar_cmd->add_option("--mib", bench_args.mib, "Buffer size in MiB")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 4096.0));
+  bench_ar_cmd->add_option("--rounds", bench_args.rounds, "All-reduces (medians)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -397,6 +492,8 @@ int main(int argc, char** argv) {
     if (*show_cmd) return cmd_show(show_args);
     if (*diff_cmd) return cmd_diff(diff_args);
     if (*check_cmd) return cmd_check(check_args);
+    if (*bench_step_cmd) return cmd_bench_step(bench_args);
+    if (*bench_ar_cmd) return cmd_bench_allreduce(bench_args);
   } catch (const Error& e) {
     fmt::print(stderr, "commtrace: error: {}\n", e.what());
     return 2;

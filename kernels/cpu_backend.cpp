@@ -3,6 +3,7 @@
 // float and f64 in double; bf16 is widened to f32 scratch inside each kernel and its outputs are
 // rounded once. Internal: callers reach it through kernels_for(Device::CPU).
 #include <cblas.h>
+#include <dlfcn.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -443,35 +444,61 @@ class CpuKernels final : public Kernels {
       case DType::I64:
         return reduce_typed<i64>(op, srcs, n_srcs, dsts, n_dsts, begin, end);
       case DType::BF16:
-        return reduce_bf16(op, srcs, n_srcs, dsts, n_dsts, begin, end);
+        return reduce_typed<BF16, float>(op, srcs, n_srcs, dsts, n_dsts, begin, end);
     }
     unsupported("reduce", dt, "f32, f64, bf16 or i64");
   }
 
  private:
-  template <typename T>
+  // Blocks of kBlock elements: each block of every source is read into an accumulator (in
+  // source order: the reference's bits) before any destination is written, so a dst may alias a
+  // src; the inner loops are contiguous and vectorize. bf16 accumulates in float.
+  template <typename T, typename A = T>
   static void reduce_typed(ReduceOp op, const void* const* srcs, int n_srcs, void* const* dsts,
                            int n_dsts, i64 begin, i64 end) {
-    std::vector<const T*> s;
-    std::vector<T*> d;
-    for (int j = 0; j < n_srcs; ++j) s.push_back(static_cast<const T*>(srcs[j]));
-    for (int j = 0; j < n_dsts; ++j) d.push_back(static_cast<T*>(dsts[j]));
-    ref::reduce<T>(op, s.data(), n_srcs, d.data(), n_dsts, begin, end);
-  }
-
-  // Every source range is widened before any destination is written (dsts may alias srcs).
-  static void reduce_bf16(ReduceOp op, const void* const* srcs, int n_srcs, void* const* dsts,
-                          int n_dsts, i64 begin, i64 end) {
-    const i64 len = end > begin ? end - begin : 0;
-    Widened io;
-    std::vector<const float*> s;
-    for (int j = 0; j < n_srcs; ++j)
-      s.push_back(io.in(static_cast<const BF16*>(srcs[j]) + begin, len));
-    std::vector<float> out(static_cast<std::size_t>(len));
-    float* o = out.data();
-    ref::reduce<float>(op, s.data(), n_srcs, &o, 1, 0, len);
-    for (int j = 0; j < n_dsts; ++j) {
-      ref::convert(o, DType::F32, static_cast<BF16*>(dsts[j]) + begin, DType::BF16, len);
+    COMMTRACE_CHECK(op == ReduceOp::Sum || op == ReduceOp::Avg || op == ReduceOp::Max,
+                    ErrorCode::InvalidArgument,
+                    "reduce: op {} is not a reduction (expected sum, avg or max)", int(op));
+    COMMTRACE_CHECK(n_srcs >= 1, ErrorCode::InvalidArgument, "reduce: {} sources, expected >= 1",
+                    n_srcs);
+    constexpr i64 kBlock = 1024;
+    A acc[kBlock];
+    auto load = [](T v) -> A {
+      if constexpr (std::is_same_v<T, BF16>) {
+        return bf16_to_float(v);
+      } else {
+        return v;
+      }
+    };
+    auto store = [](A v) -> T {
+      if constexpr (std::is_same_v<T, BF16>) {
+        return float_to_bf16(v);
+      } else {
+        return v;
+      }
+    };
+    for (i64 b = begin; b < end; b += kBlock) {
+      const i64 len = std::min(kBlock, end - b);
+      const T* s0 = static_cast<const T*>(srcs[0]) + b;
+      for (i64 k = 0; k < len; ++k) acc[k] = load(s0[k]);
+      for (int j = 1; j < n_srcs; ++j) {
+        const T* sj = static_cast<const T*>(srcs[j]) + b;
+        if (op == ReduceOp::Max) {
+          for (i64 k = 0; k < len; ++k) {
+            const A v = load(sj[k]);
+            acc[k] = v > acc[k] ? v : acc[k];
+          }
+        } else {
+          for (i64 k = 0; k < len; ++k) acc[k] += load(sj[k]);
+        }
+      }
+      if (op == ReduceOp::Avg) {
+        for (i64 k = 0; k < len; ++k) acc[k] /= A(n_srcs);
+      }
+      for (int j = 0; j < n_dsts; ++j) {
+        T* dj = static_cast<T*>(dsts[j]) + b;
+        for (i64 k = 0; k < len; ++k) dj[k] = store(acc[k]);
+      }
     }
   }
 };
@@ -479,8 +506,23 @@ class CpuKernels final : public Kernels {
 }  // namespace
 
 // The one instance behind kernels_for(Device::CPU) (kernels/backend.cpp).
+// OpenBLAS runs single-threaded: the runtime's ranks are threads already, and BLAS worker
+// threads that spin (sched_yield) between the small products of a step take the ranks' cores.
+// Its pthread build starts its workers when loaded; they are joined here when the library has
+// the (internal) entry for it, looked up at run time so other builds link unchanged.
+static void single_threaded_blas() {
+  openblas_set_num_threads(1);
+  using Shutdown = int (*)();
+  if (auto shutdown = reinterpret_cast<Shutdown>(dlsym(RTLD_DEFAULT, "blas_thread_shutdown_"))) {
+    shutdown();
+  }
+}
+
 const Kernels& cpu_backend() {
-  static const CpuKernels k;
+  static const CpuKernels k = [] {
+    single_threaded_blas();
+    return CpuKernels{};
+  }();
   return k;
 }
 

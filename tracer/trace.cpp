@@ -26,7 +26,8 @@ std::uint64_t hash_of(std::span<const T> v) {
     std::memcpy(&k, &x, std::min(sizeof k, sizeof x));
     h = (h ^ k) * 1099511628211ull;
   }
-  return h ^ v.size();
+  h ^= v.size();
+  return h ^ (h >> 29);
 }
 
 std::uint64_t hash_placements(std::span<const Placement> p) {
@@ -36,7 +37,8 @@ std::uint64_t hash_placements(std::span<const Placement> p) {
                             std::uint64_t(std::uint32_t(x.is_shard() ? x.dim : 0)) << 16;
     h = (h ^ k) * 1099511628211ull;
   }
-  return h ^ p.size();
+  h ^= p.size();
+  return h ^ (h >> 29);
 }
 
 std::string tuple_str(const std::vector<std::string>& items) {
@@ -343,30 +345,48 @@ StrId TracePools::intern(std::string_view s) {
   return id;
 }
 
+void HashIndex::insert(std::uint64_t h, std::uint32_t id) {
+  if (2 * (count_ + 1) > slots_.size()) {
+    std::vector<Slot> old = std::move(slots_);
+    slots_.assign(std::max<std::size_t>(64, old.size() * 2), Slot{});
+    count_ = 0;
+    for (const Slot& s : old) {
+      if (s.id != kNone) insert(s.hash, s.id);
+    }
+  }
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t i = std::size_t(h) & mask;
+  while (slots_[i].id != kNone) i = (i + 1) & mask;
+  slots_[i] = Slot{h, id};
+  ++count_;
+}
+
 ShapeId TracePools::intern_shape(std::span<const std::int64_t> dims) {
   const std::uint64_t h = hash_of(dims);
-  for (auto [it, end] = shape_ids_.equal_range(h); it != end; ++it) {
-    const auto s = shape(it->second);
-    if (std::equal(s.begin(), s.end(), dims.begin(), dims.end())) return it->second;
-  }
+  const ShapeId found = shape_ids_.find(h, [&](ShapeId id) {
+    const auto s = shape(id);
+    return std::equal(s.begin(), s.end(), dims.begin(), dims.end());
+  });
+  if (found != HashIndex::kNone) return found;
   const ShapeId id = ShapeId(shapes_.size());
   shapes_.push_back(Span{std::uint32_t(dims_.size()), std::uint32_t(dims.size())});
   dims_.insert(dims_.end(), dims.begin(), dims.end());
-  shape_ids_.emplace(h, id);
+  shape_ids_.insert(h, id);
   return id;
 }
 
 PlacementsId TracePools::intern_placements(std::span<const Placement> p) {
   if (p.empty()) return 0;
   const std::uint64_t h = hash_placements(p);
-  for (auto [it, end] = placement_ids_.equal_range(h); it != end; ++it) {
-    const auto s = placements(it->second);
-    if (std::equal(s.begin(), s.end(), p.begin(), p.end())) return it->second;
-  }
+  const PlacementsId found = placement_ids_.find(h, [&](PlacementsId id) {
+    const auto s = placements(id);
+    return std::equal(s.begin(), s.end(), p.begin(), p.end());
+  });
+  if (found != HashIndex::kNone) return found;
   const PlacementsId id = PlacementsId(placement_lists_.size());
   placement_lists_.push_back(Span{std::uint32_t(placement_items_.size()), std::uint32_t(p.size())});
   placement_items_.insert(placement_items_.end(), p.begin(), p.end());
-  placement_ids_.emplace(h, id);
+  placement_ids_.insert(h, id);
   return id;
 }
 
@@ -381,8 +401,8 @@ MeshId TracePools::intern_mesh(const MeshInfo& m) {
 std::size_t TracePools::bytes() const {
   std::size_t b = dims_.capacity() * sizeof(std::int64_t) + shapes_.capacity() * sizeof(Span) +
                   placement_items_.capacity() * sizeof(Placement) +
-                  placement_lists_.capacity() * sizeof(Span) +
-                  (shape_ids_.size() + placement_ids_.size() + string_ids_.size()) * 32;
+                  placement_lists_.capacity() * sizeof(Span) + shape_ids_.bytes() +
+                  placement_ids_.bytes() + string_ids_.size() * 32;
   for (const std::string& s : strings_) b += sizeof(std::string) + s.capacity();
   return b;
 }

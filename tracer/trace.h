@@ -150,6 +150,34 @@ struct ModuleNode {
   std::vector<ParamInfo> params;
 };
 
+// An open-addressing index from 64-bit hashes to ids (linear probing, power-of-two capacity,
+// at most half full); the caller tells entries of equal hash apart.
+class HashIndex {
+ public:
+  static constexpr std::uint32_t kNone = 0xffffffffu;
+  // The id of the first entry with hash h that `same(id)` accepts, or kNone.
+  template <class Same>
+  std::uint32_t find(std::uint64_t h, Same&& same) const {
+    if (slots_.empty()) return kNone;
+    const std::size_t mask = slots_.size() - 1;
+    for (std::size_t i = std::size_t(h) & mask;; i = (i + 1) & mask) {
+      const Slot& s = slots_[i];
+      if (s.id == kNone) return kNone;
+      if (s.hash == h && same(s.id)) return s.id;
+    }
+  }
+  void insert(std::uint64_t h, std::uint32_t id);
+  std::size_t bytes() const { return slots_.capacity() * sizeof(Slot); }
+
+ private:
+  struct Slot {
+    std::uint64_t hash = 0;
+    std::uint32_t id = kNone;
+  };
+  std::vector<Slot> slots_;
+  std::size_t count_ = 0;
+};
+
 // The tables records point into. Interning returns the id of an equal entry when there is one.
 class TracePools {
  public:
@@ -188,10 +216,10 @@ class TracePools {
   std::unordered_map<std::string_view, StrId> string_ids_;  // views of strings_' elements
   std::vector<std::int64_t> dims_;
   std::vector<Span> shapes_;
-  std::unordered_multimap<std::uint64_t, ShapeId> shape_ids_;  // by hash
+  HashIndex shape_ids_;
   std::vector<Placement> placement_items_;
   std::vector<Span> placement_lists_;
-  std::unordered_multimap<std::uint64_t, PlacementsId> placement_ids_;
+  HashIndex placement_ids_;
   std::vector<MeshInfo> meshes_;
 };
 

@@ -12,6 +12,7 @@ namespace commtrace {
 
 namespace {
 thread_local Tracer* g_current = nullptr;
+std::atomic<std::uint32_t> g_next_tracer_id{1};  // 0 marks an empty shape cache
 
 // A cheap monotonic counter: the TSC on x86 (about 10 ns a read against 30 ns for steady_clock
 // on a VM), steady_clock nanoseconds elsewhere. take() converts ticks to seconds against
@@ -35,7 +36,10 @@ std::uint16_t arg_count(std::size_t n, const char* what) {
 }
 }  // namespace
 
-Tracer::Tracer(int rank) : start_ticks_(ticks()), start_steady_s_(steady_seconds()) {
+Tracer::Tracer(int rank)
+    : id_(g_next_tracer_id.fetch_add(1, std::memory_order_relaxed)),
+      start_ticks_(ticks()),
+      start_steady_s_(steady_seconds()) {
   trace_.rank = rank;
   trace_.records.reserve(1024);
   trace_.args.reserve(4096);
@@ -91,20 +95,41 @@ void Tracer::set_params(int module,
 std::uint64_t Tracer::now() const { return ticks() - start_ticks_; }
 
 StrId Tracer::intern_static(const char* s) {
+  StaticSlot& slot = static_cache_[(reinterpret_cast<std::uintptr_t>(s) >> 3) & 255];
+  if (slot.ptr == s) return slot.id;
   auto [it, inserted] = static_ids_.try_emplace(s, 0);
   if (inserted) it->second = trace_.pools.intern(s);
+  slot = StaticSlot{s, it->second};
   return it->second;
+}
+
+ShapeId Tracer::intern_shape(std::span<const std::int64_t> dims, const ShapeCache* cache) {
+  ShapeId id = 0;
+  if (cache && cache->get(id_, id)) return id;
+  id = trace_.pools.intern_shape(dims);
+  if (cache) cache->set(id_, id);
+  return id;
 }
 
 TensorArg Tracer::intern_arg(const ArgView& a) {
   TensorArg t;
-  t.shape = trace_.pools.intern_shape(a.shape);
+  t.shape = intern_shape(a.shape, a.shape_cache);
   t.global_shape = a.global.empty() || std::equal(a.global.begin(), a.global.end(), a.shape.begin(),
                                                   a.shape.end())
                        ? t.shape
-                       : trace_.pools.intern_shape(a.global);
+                       : intern_shape(a.global, a.global_cache);
   t.placements = trace_.pools.intern_placements(a.placements);
   return t;
+}
+
+MeshId Tracer::intern_mesh(const MeshInfo& m, std::uint64_t key) {
+  if (key == 0) return trace_.pools.intern_mesh(m);
+  for (const auto& [k, id] : mesh_keys_) {
+    if (k == key) return id;
+  }
+  const MeshId id = trace_.pools.intern_mesh(m);
+  mesh_keys_.emplace_back(key, id);
+  return id;
 }
 
 std::uint32_t Tracer::store(const EventView& e, const CollectiveView* c, std::uint64_t start) {
@@ -117,14 +142,7 @@ std::uint32_t Tracer::store(const EventView& e, const CollectiveView* c, std::ui
   r.overload = intern_static(e.overload);
   r.reason = e.reason.empty() ? 0 : trace_.pools.intern(e.reason);
   r.module = std::uint32_t(stack_.back());
-  if (e.mesh) {
-    auto [it, inserted] = mesh_ids_.try_emplace(e.mesh, 0);
-    // An address may be reused by a later mesh: the entry is trusted only when equal.
-    if (inserted || !(trace_.pools.mesh(it->second) == *e.mesh)) {
-      it->second = trace_.pools.intern_mesh(*e.mesh);
-    }
-    r.mesh = it->second;
-  }
+  if (e.mesh) r.mesh = intern_mesh(*e.mesh, e.mesh_key);
   r.inputs_begin = std::uint32_t(trace_.args.size());
   r.n_inputs = arg_count(e.inputs.size(), "input");
   for (const ArgView& a : e.inputs) trace_.args.push_back(intern_arg(a));
@@ -244,8 +262,10 @@ Trace Tracer::take() {
   stack_.assign(1, 0);
   phase_ = Phase::Forward;
   iteration_ = 0;
+  id_ = g_next_tracer_id.fetch_add(1, std::memory_order_relaxed);  // the caches' ids are stale
   static_ids_.clear();
-  mesh_ids_.clear();
+  static_cache_.fill(StaticSlot{});
+  mesh_keys_.clear();
   start_ticks_ = ticks();
   start_steady_s_ = steady_seconds();
   return out;

@@ -7,6 +7,8 @@
 // Not thread-safe: one tracer belongs to one thread (one rank) at a time.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -18,12 +20,34 @@
 
 namespace commtrace {
 
+// A slot a tensor keeps to remember its shape's id in the tracer that last recorded it, so a
+// tensor recorded again (an op's output is the next op's input) costs a compare, not a lookup.
+// Atomic because a tensor may be read by several ranks' threads (each with its own tracer).
+// REQUIRES: the tensor's shape never changes while it is recorded.
+class ShapeCache {
+ public:
+  bool get(std::uint32_t tracer, ShapeId& id) const {
+    const std::uint64_t v = slot_.load(std::memory_order_relaxed);
+    if (std::uint32_t(v >> 32) != tracer) return false;
+    id = ShapeId(v);
+    return true;
+  }
+  void set(std::uint32_t tracer, ShapeId id) const {
+    slot_.store(std::uint64_t(tracer) << 32 | id, std::memory_order_relaxed);
+  }
+
+ private:
+  mutable std::atomic<std::uint64_t> slot_{0};  // tracer id << 32 | shape id; tracer 0: none
+};
+
 // A tensor as the recording sites describe it; global and placements are empty for a plain
-// tensor (then global is the shape).
+// tensor (then global is the shape). The caches are optional.
 struct ArgView {
   std::span<const std::int64_t> shape;
   std::span<const std::int64_t> global;
   std::span<const Placement> placements;
+  const ShapeCache* shape_cache = nullptr;
+  const ShapeCache* global_cache = nullptr;
 };
 
 // One event to record. name and overload are static strings (interned by address); reason is
@@ -35,6 +59,7 @@ struct EventView {
   DType dtype = DType::F32;
   bool sharded = false;
   const MeshInfo* mesh = nullptr;
+  std::uint64_t mesh_key = 0;  // a key unique to the mesh object (never reused); 0: compare
   std::string_view reason;
   std::span<const ArgView> inputs;
   std::span<const ArgView> outputs;
@@ -100,8 +125,18 @@ class Tracer {
   std::uint32_t store(const EventView& e, const CollectiveView* c, std::uint64_t start);
   std::uint32_t intern_static(const char* s);
   TensorArg intern_arg(const ArgView& a);
+  ShapeId intern_shape(std::span<const std::int64_t> dims, const ShapeCache* cache);
+  MeshId intern_mesh(const MeshInfo& m, std::uint64_t key);
   void close_block();
 
+  // Interning of static strings by address: a direct-mapped cache in front of the map.
+  struct StaticSlot {
+    const char* ptr = nullptr;
+    StrId id = 0;
+  };
+  std::array<StaticSlot, 256> static_cache_{};
+
+  std::uint32_t id_;  // unique per tracer and trace: the key of the tensors' shape caches
   Trace trace_;
   std::vector<int> stack_{0};
   Phase phase_ = Phase::Forward;
@@ -109,7 +144,7 @@ class Tracer {
   double start_steady_s_;
   std::uint32_t iteration_ = 0;
   std::unordered_map<const char*, StrId> static_ids_;
-  std::unordered_map<const MeshInfo*, MeshId> mesh_ids_;
+  std::vector<std::pair<std::uint64_t, MeshId>> mesh_keys_;
 };
 
 // Makes `t` the current tracer of this thread for the scope; restores the previous one.

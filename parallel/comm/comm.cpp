@@ -34,6 +34,11 @@ Shape with_dim0(Shape s, std::int64_t d0) {
 }
 }  // namespace
 
+std::string Reason::str() const {
+  if (op) return fmt::format("{}{} input {}", prefix, op, index);
+  return fmt::format("{}{}", prefix, text);
+}
+
 CollectiveScope::CollectiveScope(const CollectiveContext& ctx)
     : previous_(g_collective_ctx), ctx_(ctx) {
   g_collective_ctx = &ctx_;
@@ -153,7 +158,8 @@ std::uint32_t Communicator::prepare(CollectiveCall& c, Tracer* tracer) {
       ctx ? ctx->global_shape : std::span<const std::int64_t>();
   auto arg = [&](const Tensor& t, bool input) {
     return ArgView{t.shape(), global,
-                   ctx ? (input ? ctx->before : ctx->after) : std::span<const Placement>()};
+                   ctx ? (input ? ctx->before : ctx->after) : std::span<const Placement>(),
+                   &t.impl()->trace_shape};
   };
   const bool in_place = spec.buffers == BufferRule::InPlace;
   ArgView ins[1], outs[1];
@@ -170,9 +176,12 @@ std::uint32_t Communicator::prepare(CollectiveCall& c, Tracer* tracer) {
     e.outputs = {outs, 1};
     e.dtype = c.out->dtype();
   }
+  std::string reason;
   if (ctx) {
     e.mesh = ctx->mesh;
-    e.reason = ctx->reason;
+    e.mesh_key = ctx->mesh_key;
+    reason = ctx->reason.str();
+    e.reason = reason;
   }
   CollectiveView cv;
   cv.op = c.op;

@@ -21,13 +21,36 @@
 
 namespace commtrace {
 
+// Why a collective happens: `prefix` + `text`, or an op's input, "<prefix><op> input <index>".
+// Made into text only when a tracer records a collective, so untraced runs format nothing.
+struct Reason {
+  Reason() = default;
+  Reason(std::string_view t) : text(t) {}    // NOLINT: a text converts implicitly
+  Reason(const std::string& t) : text(t) {}  // NOLINT
+  Reason(const char* t) : text(t) {}         // NOLINT
+  static Reason op_input(const char* op, int index) {
+    Reason r;
+    r.op = op;
+    r.index = index;
+    return r;
+  }
+  std::string str() const;
+  bool empty() const { return text.empty() && op == nullptr; }
+
+  const char* prefix = "";
+  std::string_view text;
+  const char* op = nullptr;
+  int index = -1;
+};
+
 // Why the collectives issued inside this scope happen, filled in by redistribute, the parallel
 // styles and DDP; the communicator records it with each collective. The views must outlive the
 // scope (the scope's owner keeps the data). Thread-local, nests; costs nothing untraced.
 struct CollectiveContext {
-  std::string_view reason;  // "ToyModel.out_proj output (RowwiseParallel output_layouts)"
+  Reason reason;  // "ToyModel.out_proj output (RowwiseParallel output_layouts)"
   std::span<const Placement> before, after;  // the redistribution step it serves
   const MeshInfo* mesh = nullptr;
+  std::uint64_t mesh_key = 0;                  // DeviceMesh::uid(); 0: none
   std::span<const std::int64_t> global_shape;  // of the DTensor being redistributed
 };
 

@@ -1,5 +1,6 @@
 #include "parallel/comm/mesh.h"
 
+#include <atomic>
 #include <charconv>
 #include <limits>
 #include <set>
@@ -77,8 +78,10 @@ int DeviceMesh::find_dim(const std::string& name) const {
 }
 
 void DeviceMesh::set_info() {
+  static std::atomic<std::uint64_t> next_uid{1};
   info_ = MeshInfo{shape_, names_, named_, Device::CPU};
   repr_ = mesh_str(info_);
+  uid_ = next_uid.fetch_add(1, std::memory_order_relaxed);
 }
 
 std::vector<int> parse_mesh_shape(const std::string& s) {

@@ -35,6 +35,8 @@ class DeviceMesh {
   // The mesh as trace data, and PyTorch's repr of it: "DeviceMesh((4,), 'cpu', stride=(1,))".
   const MeshInfo& info() const { return info_; }
   const std::string& str() const { return repr_; }
+  // Unique to this object in the process (never reused): how the tracer recognizes it.
+  std::uint64_t uid() const { return uid_; }
 
  private:
   DeviceMesh() = default;
@@ -48,6 +50,7 @@ class DeviceMesh {
   std::vector<std::shared_ptr<Communicator>> comms_;
   MeshInfo info_;
   std::string repr_;
+  std::uint64_t uid_ = 0;
 };
 
 // Parses "4", "2x4" or "2x2x2" into a mesh shape; throws on anything else.

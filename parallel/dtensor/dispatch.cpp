@@ -4,7 +4,6 @@
 // model; the first on ties). The inputs are redistributed (traced collectives, outside
 // autograd), the op runs once on the local shards, and each output is wrapped with its
 // placements. The op is recorded as a sharded op with global shapes before its collectives.
-#include <deque>
 #include <limits>
 #include <vector>
 
@@ -18,28 +17,27 @@ namespace {
 
 constexpr int kMaxMeshDims = 8;
 
-// The record's view of the DTensor path's inputs: local and global shapes and placements, the
-// last two dims swapped for transposed operands (as PyTorch records op(b)).
+// The record's view of the DTensor path's inputs (at most kMaxRuleInputs): local and global
+// shapes and placements, the last two dims swapped for transposed operands (as PyTorch records
+// op(b)). Inline storage: recording allocates nothing here.
 class ShardedArgs {
  public:
   ShardedArgs(std::span<const Tensor> in, std::uint32_t transposed) {
-    views_.reserve(in.size());
     for (std::size_t k = 0; k < in.size(); ++k) {
       const Tensor& t = in[k];
       if (!t.defined()) continue;
       const DistSpec* d = is_dtensor(t) ? &dist_of(t) : nullptr;
-      if (!(k < 32 && ((transposed >> k) & 1u) && t.dim() >= 2)) {
-        views_.push_back(d ? ArgView{d->local.shape(), t.shape(), d->placements}
-                           : ArgView{t.shape(), {}, {}});
+      if (!(((transposed >> k) & 1u) && t.dim() >= 2 && n_swapped_ < swapped_.size())) {
+        views_[n_++] = d ? ArgView{d->local.shape(), t.shape(), d->placements,
+                                   &d->local.impl()->trace_shape, &t.impl()->trace_shape}
+                         : ArgView{t.shape(), {}, {}, &t.impl()->trace_shape};
         continue;
       }
-      auto swap_last = [](Shape s) {
-        std::swap(s[s.size() - 2], s[s.size() - 1]);
-        return s;
-      };
-      Swapped& sw = swapped_.emplace_back();
-      sw.shape = swap_last(d ? d->local.shape() : t.shape());
-      sw.global = swap_last(t.shape());
+      Swapped& sw = swapped_[n_swapped_++];
+      sw.shape = d ? d->local.shape() : t.shape();
+      sw.global = t.shape();
+      std::swap(sw.shape[sw.shape.size() - 2], sw.shape.back());
+      std::swap(sw.global[sw.global.size() - 2], sw.global.back());
       if (d) {
         const int last = t.dim() - 1;
         sw.placements = d->placements;
@@ -47,18 +45,20 @@ class ShardedArgs {
           if (p.is_shard() && p.dim >= last - 1) p.dim = p.dim == last ? last - 1 : last;
         }
       }
-      views_.push_back(ArgView{sw.shape, sw.global, sw.placements});
+      views_[n_++] = ArgView{sw.shape, sw.global, sw.placements};
     }
   }
-  std::span<const ArgView> views() const { return views_; }
+  std::span<const ArgView> views() const { return {views_.data(), n_}; }
 
  private:
   struct Swapped {
     Shape shape, global;
     Placements placements;
   };
-  std::vector<ArgView> views_;
-  std::deque<Swapped> swapped_;  // a deque: views point into its elements
+  std::array<ArgView, kMaxRuleInputs> views_{};
+  std::size_t n_ = 0;
+  std::array<Swapped, 3> swapped_;  // transposed operands are GEMM inputs: at most 3
+  std::size_t n_swapped_ = 0;
 };
 
 // The chosen strategy: per input its target placements, per output its placements.
@@ -172,6 +172,7 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
     }
     e.sharded = true;
     e.mesh = &mesh->info();
+    e.mesh_key = mesh->uid();
     e.inputs = args.views();
     record = tracer->begin(e);
   }
@@ -186,7 +187,7 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
     }
     const DistSpec& spec = dist_of(t);
     locals.push_back(redistribute_local(spec.local, t.shape(), *mesh, spec.placements, c.inputs[i],
-                                        tracer ? fmt::format("{} input {}", op.name, i) : ""));
+                                        Reason::op_input(op.name, int(i))));
   }
   std::array<OutSpec, kMaxOpOutputs> local = global;
   for (int o = 0; o < op.n_outputs; ++o) {
@@ -212,7 +213,8 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
     out[std::size_t(o)] =
         wrap_dtensor(shard, mesh, c.outputs[std::size_t(o)], global[std::size_t(o)].shape);
     results[n_results++] =
-        ArgView{shard.shape(), global[std::size_t(o)].shape, c.outputs[std::size_t(o)]};
+        ArgView{shard.shape(), global[std::size_t(o)].shape, c.outputs[std::size_t(o)],
+                &shard.impl()->trace_shape, &out[std::size_t(o)].impl()->trace_shape};
   }
   if (tracer) {
     tracer->add_outputs(record, {results.data(), n_results});

@@ -194,7 +194,7 @@ Tensor wrap_dtensor(Tensor local, std::shared_ptr<const DeviceMesh> mesh, Placem
 }
 
 Tensor redistribute_local(const Tensor& local, const Shape& global, const DeviceMesh& mesh,
-                          const Placements& src, const Placements& dst, const std::string& reason) {
+                          const Placements& src, const Placements& dst, const Reason& reason) {
   NoGradGuard no_grad;
   Tensor cur = local;
   Placements pl = src;
@@ -212,7 +212,8 @@ Tensor redistribute_local(const Tensor& local, const Shape& global, const Device
     if (s == t) continue;
     Placements next = pl;
     next[std::size_t(d)] = t;
-    const CollectiveScope scope(CollectiveContext{reason, pl, next, &mesh.info(), global});
+    const CollectiveScope scope(
+        CollectiveContext{reason, pl, next, &mesh.info(), mesh.uid(), global});
     Communicator& comm = mesh.comm(d);
     const int w = comm.size();
     if (s.is_shard() && t.is_replicate()) {
@@ -321,6 +322,16 @@ Tensor to_local(const Tensor& x) {
   return out;
 }
 
+namespace {
+// The reason of a redistribution's backward collectives (text only when recorded).
+Reason backward_reason(const std::string& forward) {
+  if (forward.empty()) return Reason("redistribute backward");
+  Reason r(forward);
+  r.prefix = "backward of ";
+  return r;
+}
+}  // namespace
+
 Tensor redistribute(const Tensor& x, Placements dst, const std::string& reason) {
   const DistSpec& spec = dist_of(x);
   dst = normalize_placements(std::move(dst), x.dim(), "redistribute");
@@ -333,14 +344,13 @@ Tensor redistribute(const Tensor& x, Placements dst, const std::string& reason) 
   for (Placement& p : back) {
     if (p.is_partial()) p = Placement::replicate();
   }
-  attach_grad(
-      out, "RedistributeBackward", {x}, [back, reason, global = x.shape()](const Tensor& g) {
-        const DistSpec& gs = dist_of(g);
-        Tensor l =
-            redistribute_local(gs.local, global, *gs.mesh, gs.placements, back,
-                               reason.empty() ? "redistribute backward" : "backward of " + reason);
-        return std::vector<Tensor>{wrap_dtensor(l, gs.mesh, back, global)};
-      });
+  attach_grad(out, "RedistributeBackward", {x},
+              [back, reason, global = x.shape()](const Tensor& g) {
+                const DistSpec& gs = dist_of(g);
+                Tensor l = redistribute_local(gs.local, global, *gs.mesh, gs.placements, back,
+                                              backward_reason(reason));
+                return std::vector<Tensor>{wrap_dtensor(l, gs.mesh, back, global)};
+              });
   return out;
 }
 

@@ -77,7 +77,7 @@ Tensor full_tensor(const Tensor& x);
 // all_gather, P→R all_reduce, P→S reduce_scatter, S(i)→S(j) all_to_all, R→S local chunk,
 // R→P(sum) divide by the dim size. Uneven shards are padded for the collective and trimmed.
 Tensor redistribute_local(const Tensor& local, const Shape& global, const DeviceMesh& mesh,
-                          const Placements& src, const Placements& dst, const std::string& reason);
+                          const Placements& src, const Placements& dst, const Reason& reason);
 // PyTorch's cost model of that move (microseconds); infinity when not allowed (Shard → Partial).
 double redistribute_cost(const Shape& global, DType dtype, const DeviceMesh& mesh,
                          const Placements& src, const Placements& dst);

@@ -115,9 +115,19 @@ void sync_data_parallel_grads(RankState& s) {
     const std::span<const Placement> pl = is_dtensor(g)
                                               ? std::span<const Placement>(dist_of(g).placements)
                                               : std::span<const Placement>();
-    const CollectiveScope scope(CollectiveContext{reason, pl, pl, &s.mesh->info(), g.shape()});
+    const CollectiveScope scope(
+        CollectiveContext{reason, pl, pl, &s.mesh->info(), s.mesh->uid(), g.shape()});
     s.dp->all_reduce(local, ReduceOp::Avg);
   }
+}
+
+Tensor train_step(RankState& s, Optimizer& opt) {
+  opt.zero_grad();
+  StepOut step = forward_loss(s);
+  step.loss.backward();
+  sync_data_parallel_grads(s);
+  opt.step();
+  return step.loss;
 }
 
 Tensor gather_full(RankState& s, const Tensor& x, bool dp_sliced) {
@@ -170,12 +180,7 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
           {
             std::optional<TracerActivation> on;
             if (slot != traced.end()) on.emplace(tr);
-            opt.zero_grad();
-            StepOut step = forward_loss(s);
-            step.loss.backward();
-            sync_data_parallel_grads(s);
-            opt.step();
-            loss = step.loss;
+            loss = train_step(s, opt);
           }
           tr.next_iteration();
           if (cfg.module.device == Device::CPU && cfg.backend == "threads") {

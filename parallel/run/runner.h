@@ -53,6 +53,11 @@ StepOut forward_loss(RankState& s);
 // DDP: every parameter gradient averaged over "dp" (recorded in the backward phase).
 void sync_data_parallel_grads(RankState& s);
 
+class Optimizer;
+// One training iteration: zero_grad, forward and loss, backward, DDP, the optimizer step.
+// Returns the loss (this rank's view).
+Tensor train_step(RankState& s, Optimizer& opt);
+
 // Gathers x (plain or DTensor, a slice of dim 0 over "dp" when `dp_sliced`) to the full tensor.
 Tensor gather_full(RankState& s, const Tensor& x, bool dp_sliced);
 

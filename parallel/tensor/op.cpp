@@ -29,7 +29,7 @@ class PlainArgs {
         std::swap(s[s.size() - 2], s[s.size() - 1]);
         views_[n++] = ArgView{s, {}, {}};
       } else {
-        views_[n++] = ArgView{t.shape(), {}, {}};
+        views_[n++] = ArgView{t.shape(), {}, {}, &t.impl()->trace_shape};
       }
     }
     views_ = views_.first(n);
@@ -129,8 +129,8 @@ OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& 
     std::array<ArgView, kMaxOpOutputs> results{};
     std::size_t n_results = 0;
     for (int i = 0; i < op.n_outputs; ++i) {
-      if (out[std::size_t(i)].defined())
-        results[n_results++] = ArgView{out[std::size_t(i)].shape(), {}, {}};
+      const Tensor& o = out[std::size_t(i)];
+      if (o.defined()) results[n_results++] = ArgView{o.shape(), {}, {}, &o.impl()->trace_shape};
     }
     EventView e;
     e.kind = op.kind;

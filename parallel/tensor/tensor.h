@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/base.h"
+#include "tracer/tracer.h"
 
 namespace commtrace {
 
@@ -39,6 +40,7 @@ struct Node;
 struct DistSpec;     // parallel/dtensor.h
 struct ShardOrigin;  // parallel/dtensor.h
 
+// shape is fixed once the tensor is handed out (the trace caches its interned id).
 struct TensorImpl {
   std::shared_ptr<Storage> storage;  // null on meta
   std::int64_t offset = 0;           // in elements
@@ -52,6 +54,7 @@ struct TensorImpl {
   // Set on a local tensor that to_local() took from a DTensor (and kept by same-shape ops on
   // it): lets from_local() recover an uneven global shape without a collective.
   std::shared_ptr<const ShardOrigin> origin;
+  ShapeCache trace_shape;  // the shape's id in the tracer that last recorded this tensor
 };
 
 class Tensor {

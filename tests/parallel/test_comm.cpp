@@ -86,14 +86,18 @@ TEST_CASE("CollectiveScope nests and restores", "[comm]") {
   {
     const std::vector<Placement> before{Placement::shard(0)}, after{Placement::replicate()};
     const Shape global{4};
-    CollectiveScope outer(CollectiveContext{"outer", before, after, nullptr, global});
-    REQUIRE(CollectiveScope::current()->reason == "outer");
+    CollectiveScope outer(CollectiveContext{"outer", before, after, nullptr, 0, global});
+    REQUIRE(CollectiveScope::current()->reason.str() == "outer");
     {
-      CollectiveScope inner(CollectiveContext{"inner", {}, {}, nullptr, {}});
-      REQUIRE(CollectiveScope::current()->reason == "inner");
+      CollectiveScope inner(CollectiveContext{"inner", {}, {}, nullptr, 0, {}});
+      REQUIRE(CollectiveScope::current()->reason.str() == "inner");
     }
-    REQUIRE(CollectiveScope::current()->reason == "outer");
+    REQUIRE(CollectiveScope::current()->reason.str() == "outer");
     REQUIRE(CollectiveScope::current()->global_shape[0] == 4);
+    REQUIRE(Reason::op_input("mm", 1).str() == "mm input 1");
+    Reason later("out_proj output");
+    later.prefix = "backward of ";
+    REQUIRE(later.str() == "backward of out_proj output");
     bool other_thread_sees_none = false;
     std::thread([&] { other_thread_sees_none = CollectiveScope::current() == nullptr; }).join();
     REQUIRE(other_thread_sees_none);
@@ -336,7 +340,7 @@ TEST_CASE("collectives are recorded with seq, group, bytes and reason", "[comm]"
       const MeshInfo mesh{{4}, {"tp"}, false, Device::CPU};
       CollectiveScope scope(
           CollectiveContext{"out_proj output: Partial(sum) → Replicate (RowwiseParallel)", before,
-                            after, &mesh, global});
+                            after, &mesh, 0, global});
       Tensor t = Tensor::full({8, 6}, 1.0);
       c.all_reduce(t, ReduceOp::Sum);
     }

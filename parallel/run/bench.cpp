@@ -1,0 +1,138 @@
+#include "parallel/run/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "parallel/comm/launch.h"
+#include "parallel/nn/optim.h"
+#include "tracer/tracer.h"
+
+namespace commtrace {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+double StepBenchResult::ns_per_event() const {
+  return events_per_step ? (traced_s - untraced_s) * 1e9 / double(events_per_step) : 0.0;
+}
+
+StepBenchResult bench_step(const StepBenchOptions& o) {
+  const ParallelConfig& cfg = o.cfg;
+  mesh_shape(cfg);
+  COMMTRACE_CHECK(o.steps >= 1 && o.rounds >= 1, ErrorCode::InvalidArgument,
+                  "bench: steps {} and rounds {} must be >= 1", o.steps, o.rounds);
+  COMMTRACE_CHECK(cfg.backend == "fake" || cfg.module.device == Device::CPU,
+                  ErrorCode::InvalidArgument,
+                  "device {} needs the fake backend (the threads backend moves real data)",
+                  device_name(cfg.module.device));
+  resolve_plan(resolve_model(cfg.model).family, cfg.plan);  // fail early, before any thread
+
+  StepBenchResult result;
+  std::vector<double> untraced, traced;
+  std::mutex mu;
+  LaunchOptions lo;
+  lo.backend = cfg.backend;
+  if (cfg.backend == "fake") lo.ranks = {0};  // ranks never wait for each other: run one
+  const int running = cfg.backend == "fake" ? 1 : cfg.world_size;
+  result.traced_ranks = o.trace_all_ranks ? running : 1;
+  launch(
+      cfg.world_size,
+      [&](RankContext& ctx) {
+        RankState s = setup_rank(ctx, cfg);
+        AdamW opt(s.model->parameters(), 1e-3);
+        const bool traces = o.trace_all_ranks || ctx.rank() == 0;
+        train_step(s, opt);  // warm-up: first-step state and allocations
+        for (int round = 0; round < o.rounds; ++round) {
+          // Interleaved, the order alternating per round, so drift hits both kinds alike.
+          for (int k = 0; k < 2; ++k) {
+            const bool with = (k == 0) == (round % 2 == 0);
+            Tracer tr(ctx.rank());
+            std::optional<TracerActivation> on;
+            if (with && traces) on.emplace(tr);
+            const Clock::time_point t0 = Clock::now();
+            for (int i = 0; i < o.steps; ++i) {
+              train_step(s, opt);
+              if (on) tr.next_iteration();
+            }
+            const double per_step = seconds_since(t0) / o.steps;
+            on.reset();
+            if (ctx.rank() != 0) continue;
+            std::lock_guard<std::mutex> lock(mu);
+            (with ? traced : untraced).push_back(per_step);
+            if (!with) continue;
+            const Trace t = tr.take();
+            result.recorded_events = t.event_count();
+            result.events_per_step = t.event_count() / std::uint64_t(o.steps);
+            result.stored_records = t.records.size();
+            const std::size_t bytes = t.records.size() * sizeof(Record) +
+                                      t.args.size() * sizeof(TensorArg) + t.pools.bytes();
+            result.record_bytes = t.records.empty() ? 0 : bytes / t.records.size();
+          }
+        }
+      },
+      lo);
+  result.untraced_s = median(untraced);
+  result.traced_s = median(traced);
+  return result;
+}
+
+AllReduceBenchResult bench_all_reduce(int world_size, std::uint64_t bytes, int rounds) {
+  COMMTRACE_CHECK(world_size >= 2 && rounds >= 1 && bytes >= 4 * std::uint64_t(world_size),
+                  ErrorCode::InvalidArgument,
+                  "bench all_reduce: world size {} must be >= 2, rounds {} >= 1, bytes {} >= 4 "
+                  "per rank",
+                  world_size, rounds, bytes);
+  AllReduceBenchResult r;
+  r.world_size = world_size;
+  r.bytes = bytes / 4 * 4;
+  r.cores = std::thread::hardware_concurrency();
+  const std::int64_t n = std::int64_t(r.bytes / 4);
+  std::vector<char> src(r.bytes, 1), dst(r.bytes, 0);  // both touched: no page faults timed
+  std::vector<double> ar, mc;
+  std::vector<int> ranks(static_cast<std::size_t>(world_size));
+  for (int i = 0; i < world_size; ++i) ranks[std::size_t(i)] = i;
+  launch(world_size, [&](RankContext& ctx) {
+    auto comm = ctx.new_group("bench", ranks);
+    Tensor t = Tensor::zeros({n});       // zeros stay zeros: no overflow, no denormals
+    comm->all_reduce(t, ReduceOp::Sum);  // warm-up
+    for (int i = 0; i < rounds; ++i) {
+      comm->barrier();
+      const Clock::time_point t0 = Clock::now();
+      comm->all_reduce(t, ReduceOp::Sum);
+      const double took = seconds_since(t0);
+      comm->barrier();
+      if (ctx.rank() != 0) continue;
+      ar.push_back(took);
+      // The reference: one thread copying the same bytes while the others wait.
+      const Clock::time_point c0 = Clock::now();
+      std::memcpy(dst.data(), src.data(), r.bytes);
+      mc.push_back(seconds_since(c0));
+    }
+  });
+  r.all_reduce_s = median(ar);
+  r.memcpy_s = median(mc);
+  r.busbw_gbs =
+      double(r.bytes) * busbw_factor(Collective::AllReduce, world_size) / r.all_reduce_s / 1e9;
+  r.memcpy_gbs = double(r.bytes) / r.memcpy_s / 1e9;
+  return r;
+}
+
+}  // namespace commtrace

@@ -1,0 +1,53 @@
+// Benchmarks a user can run (commtrace bench): the cost of tracing on a real training step
+// (the same step untraced and traced, interleaved in one run, medians over rounds), and the
+// threads backend's all_reduce bus bandwidth against a memcpy of the same bytes on this machine,
+// with the bound the backend's data movement sets. Timings are ratios measured in one run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/run/runner.h"
+
+namespace commtrace {
+
+struct StepBenchOptions {
+  ParallelConfig cfg;           // model, plan, world size, mesh, backend, device
+  int steps = 10;               // steps per sample
+  int rounds = 15;              // samples of each kind, interleaved
+  bool trace_all_ranks = true;  // false: rank 0 only (run's default)
+};
+
+struct StepBenchResult {
+  double untraced_s = 0, traced_s = 0;  // median seconds per step
+  std::uint64_t events_per_step = 0;    // records per traced rank and step
+  int traced_ranks = 0;
+  std::size_t record_bytes = 0;    // a stored record, its arguments and its share of the tables
+  std::size_t stored_records = 0;  // of the last traced sample (identical iterations folded)
+  std::uint64_t recorded_events = 0;
+  double ratio() const { return untraced_s > 0 ? traced_s / untraced_s : 0.0; }
+  // (traced - untraced) per event of one rank's stream; negative means within noise.
+  double ns_per_event() const;
+};
+
+StepBenchResult bench_step(const StepBenchOptions& o);
+
+struct AllReduceBenchResult {
+  int world_size = 0;
+  std::uint64_t bytes = 0;
+  double all_reduce_s = 0;  // median per all_reduce
+  double memcpy_s = 0;      // median per memcpy of the same bytes
+  double busbw_gbs = 0;     // nccl-tests' bus bandwidth of the all_reduce
+  double memcpy_gbs = 0;    // bytes / memcpy time
+  // The threads backend moves 2·n·S bytes per all_reduce of S (every rank reads its chunk from n
+  // inputs and writes it to n outputs, cache-blocked) over min(n, cores) cores; a memcpy moves
+  // 2·S on one core. Their ratio is what a user of this machine sees; it falls with load.
+  unsigned cores = 0;
+};
+
+// The median of `rounds` all_reduces of `bytes` (f32) on `world_size` threads ranks, interleaved
+// with memcpys of the same bytes.
+AllReduceBenchResult bench_all_reduce(int world_size, std::uint64_t bytes, int rounds);
+
+}  // namespace commtrace
