@@ -5,6 +5,9 @@
 #include "parallel/comm/comm.h"
 
 #include <algorithm>
+#include <functional>
+#include <mutex>
+#include <unordered_set>
 #include <utility>
 
 namespace commtrace {
@@ -33,6 +36,27 @@ Shape with_dim0(Shape s, std::int64_t d0) {
   return s;
 }
 }  // namespace
+
+std::string_view Reason::intern(std::string_view t) {
+  if (t.empty()) return {};
+  struct Hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view v) const { return std::hash<std::string_view>{}(v); }
+  };
+  static std::mutex mu;
+  static std::unordered_set<std::string, Hash, std::equal_to<>> pool;  // nodes never move
+  const std::lock_guard<std::mutex> lock(mu);
+  auto it = pool.find(t);
+  if (it == pool.end()) it = pool.emplace(t).first;
+  return *it;
+}
+
+Reason Reason::backward_of(const Reason& forward, const Reason& fallback) {
+  if (forward.empty()) return fallback;
+  Reason r = forward;
+  r.prefix = "backward of ";
+  return r;
+}
 
 std::string Reason::str() const {
   if (op) return fmt::format("{}{} input {}", prefix, op, index);

@@ -23,24 +23,31 @@ namespace commtrace {
 
 // Why a collective happens: `prefix` + `text`, or an op's input, "<prefix><op> input <index>".
 // Made into text only when a tracer records a collective, so untraced runs format nothing.
+// Trivially copyable, so autograd closures capture it without allocating: a text is interned
+// once into a process-wide pool (build a Reason once, outside hot loops, and keep it).
 struct Reason {
   Reason() = default;
-  Reason(std::string_view t) : text(t) {}    // NOLINT: a text converts implicitly
-  Reason(const std::string& t) : text(t) {}  // NOLINT
-  Reason(const char* t) : text(t) {}         // NOLINT
+  Reason(std::string_view t) : text(intern(t)) {}    // NOLINT: a text converts implicitly
+  Reason(const std::string& t) : text(intern(t)) {}  // NOLINT
+  Reason(const char* t) : text(intern(t)) {}         // NOLINT
   static Reason op_input(const char* op, int index) {
     Reason r;
     r.op = op;
     r.index = index;
     return r;
   }
+  // `forward` with "backward of " in front, or `fallback` when `forward` is empty.
+  static Reason backward_of(const Reason& forward, const Reason& fallback);
   std::string str() const;
   bool empty() const { return text.empty() && op == nullptr; }
 
   const char* prefix = "";
-  std::string_view text;
-  const char* op = nullptr;
+  std::string_view text;     // interned: valid for the whole process
+  const char* op = nullptr;  // static: an OpDef's name
   int index = -1;
+
+ private:
+  static std::string_view intern(std::string_view t);
 };
 
 // Why the collectives issued inside this scope happen, filled in by redistribute, the parallel

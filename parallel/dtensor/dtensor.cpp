@@ -281,8 +281,7 @@ double redistribute_cost(const Shape& global, DType dtype, const DeviceMesh& mes
 // ---------------------------------------------------------------- differentiable API
 
 Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh,
-                  Placements placements, std::optional<Shape> global_shape,
-                  const std::string& reason) {
+                  Placements placements, std::optional<Shape> global_shape, const Reason& reason) {
   COMMTRACE_CHECK(!is_dtensor(local), ErrorCode::InvalidArgument,
                   "from_local: the input is already a DTensor");
   placements = normalize_placements(std::move(placements), local.dim(), "from_local");
@@ -300,11 +299,13 @@ Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh,
     }
   }
   Tensor out = wrap_dtensor(local.detach(), mesh, placements, global);
+  static const Reason fallback("from_local backward");
   attach_grad(out, "FromLocalBackward", {local},
               [mesh, placements, global, reason](const Tensor& g) {
                 const DistSpec& gs = dist_of(g);
-                return std::vector<Tensor>{
-                    redistribute_local(gs.local, global, *mesh, gs.placements, placements, reason)};
+                return std::vector<Tensor>{redistribute_local(gs.local, global, *mesh,
+                                                              gs.placements, placements,
+                                                              reason.empty() ? fallback : reason)};
               });
   return out;
 }
@@ -322,17 +323,7 @@ Tensor to_local(const Tensor& x) {
   return out;
 }
 
-namespace {
-// The reason of a redistribution's backward collectives (text only when recorded).
-Reason backward_reason(const std::string& forward) {
-  if (forward.empty()) return Reason("redistribute backward");
-  Reason r(forward);
-  r.prefix = "backward of ";
-  return r;
-}
-}  // namespace
-
-Tensor redistribute(const Tensor& x, Placements dst, const std::string& reason) {
+Tensor redistribute(const Tensor& x, Placements dst, const Reason& reason) {
   const DistSpec& spec = dist_of(x);
   dst = normalize_placements(std::move(dst), x.dim(), "redistribute");
   check_placements(dst, *spec.mesh, x.dim(), "redistribute");
@@ -344,11 +335,12 @@ Tensor redistribute(const Tensor& x, Placements dst, const std::string& reason) 
   for (Placement& p : back) {
     if (p.is_partial()) p = Placement::replicate();
   }
+  static const Reason fallback("redistribute backward");
   attach_grad(out, "RedistributeBackward", {x},
               [back, reason, global = x.shape()](const Tensor& g) {
                 const DistSpec& gs = dist_of(g);
                 Tensor l = redistribute_local(gs.local, global, *gs.mesh, gs.placements, back,
-                                              backward_reason(reason));
+                                              Reason::backward_of(reason, fallback));
                 return std::vector<Tensor>{wrap_dtensor(l, gs.mesh, back, global)};
               });
   return out;

@@ -56,15 +56,15 @@ Tensor wrap_dtensor(Tensor local, std::shared_ptr<const DeviceMesh> mesh, Placem
 // then same-shape ops) when mesh and placements match, else to the even-shard guess (local ×
 // mesh size on each sharded dim). Backward: the gradient is redistributed to `placements` and
 // handed back as a local tensor (a Partial gradient reaching a Replicate input is all-reduced).
-// `reason` names the backward collectives.
+// `reason` names the backward collectives ("from_local backward" when empty).
 Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh,
                   Placements placements, std::optional<Shape> global_shape = std::nullopt,
-                  const std::string& reason = "from_local backward");
+                  const Reason& reason = {});
 // The local shard, sharing storage. Backward wraps the gradient with the forward placements.
 Tensor to_local(const Tensor& x);
 // Backward: the gradient goes back to the source placements, a Partial source becoming
 // Replicate. `reason` names the cause in every collective record.
-Tensor redistribute(const Tensor& x, Placements dst, const std::string& reason = "");
+Tensor redistribute(const Tensor& x, Placements dst, const Reason& reason = {});
 // A leaf DTensor holding this rank's shards of a full tensor (Shard/Replicate only).
 Tensor distribute_tensor(const Tensor& full, std::shared_ptr<const DeviceMesh> mesh,
                          Placements placements);

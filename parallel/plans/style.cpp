@@ -61,32 +61,35 @@ bool is_embedding(const Module& m) { return dynamic_cast<const Embedding*>(&m) !
 
 Placement normalized(Placement p, int rank) { return normalize_placements({p}, rank, "layout")[0]; }
 
+// The reasons a style's collectives carry, built once when the style is applied.
+struct StyleReasons {
+  StyleReasons(const std::string& who, const std::string& style)
+      : input_grad(
+            fmt::format("{} input grad (from_local backward, {} input_layouts)", who, style)),
+        input(fmt::format("{} input ({} input_layouts)", who, style)),
+        output(fmt::format("{} output ({} output_layouts)", who, style)) {}
+  Reason input_grad, input, output;
+};
+
 // Input conversion shared by the styles: a plain tensor becomes from_local(layout), then the
 // DTensor is redistributed to `desired` when the layouts differ (PyTorch compares the declared
 // layouts, not the tensor's).
 Tensor prepare_input(const Tensor& x, const std::shared_ptr<const DeviceMesh>& mesh,
-                     Placement layout, Placement desired, const std::string& who,
-                     const std::string& style) {
+                     Placement layout, Placement desired, const StyleReasons& why) {
   Tensor d = x;
   if (!is_dtensor(d)) {
-    d = from_local(
-        x, mesh, {normalized(layout, x.dim())}, std::nullopt,
-        fmt::format("{} input grad (from_local backward, {} input_layouts)", who, style));
+    d = from_local(x, mesh, {normalized(layout, x.dim())}, std::nullopt, why.input_grad);
   }
   if (!(normalized(layout, d.dim()) == normalized(desired, d.dim()))) {
-    d = redistribute(d, {normalized(desired, d.dim())},
-                     fmt::format("{} input ({} input_layouts)", who, style));
+    d = redistribute(d, {normalized(desired, d.dim())}, why.input);
   }
   return d;
 }
 
-Tensor prepare_output(const Tensor& y, Placement layout, bool use_local, const std::string& who,
-                      const std::string& style) {
+Tensor prepare_output(const Tensor& y, Placement layout, bool use_local, const StyleReasons& why) {
   Tensor d = y;
   const Placement want = normalized(layout, d.dim());
-  if (!(dist_of(d).placements == Placements{want})) {
-    d = redistribute(d, {want}, fmt::format("{} output ({} output_layouts)", who, style));
-  }
+  if (!(dist_of(d).placements == Placements{want})) d = redistribute(d, {want}, why.output);
   return use_local ? to_local(d) : d;
 }
 
@@ -124,13 +127,13 @@ void ColwiseParallel::apply(Module& m, const std::shared_ptr<const DeviceMesh>& 
   } else {
     distribute_param(m, "weight", mesh, {Placement::shard(1)});
   }
-  const std::string who = m.fqn(), style = "ColwiseParallel";
+  const StyleReasons why(m.fqn(), "ColwiseParallel");
   m.add_pre_hook([=, in = input_layout](Module&, const Tensor& x) {
-    return prepare_input(x, mesh, in, Placement::replicate(), who, style);
+    return prepare_input(x, mesh, in, Placement::replicate(), why);
   });
   m.add_post_hook(
       [=, out = output_layout, local = use_local_output](Module&, const Tensor&, const Tensor& y) {
-        return prepare_output(y, out, local, who, style);
+        return prepare_output(y, out, local, why);
       });
 }
 
@@ -156,14 +159,14 @@ void RowwiseParallel::apply(Module& m, const std::shared_ptr<const DeviceMesh>& 
   } else {
     distribute_param(m, "weight", mesh, {Placement::shard(0)});
   }
-  const std::string who = m.fqn(), style = "RowwiseParallel";
+  const StyleReasons why(m.fqn(), "RowwiseParallel");
   const Placement desired = linear ? Placement::shard(-1) : Placement::replicate();
   m.add_pre_hook([=, in = input_layout](Module&, const Tensor& x) {
-    return prepare_input(x, mesh, in, desired, who, style);
+    return prepare_input(x, mesh, in, desired, why);
   });
   m.add_post_hook(
       [=, out = output_layout, local = use_local_output](Module&, const Tensor&, const Tensor& y) {
-        return prepare_output(y, out, local, who, style);
+        return prepare_output(y, out, local, why);
       });
 }
 
@@ -177,11 +180,12 @@ std::string SequenceParallel::str() const {
 void SequenceParallel::apply(Module& m, const std::shared_ptr<const DeviceMesh>& mesh) const {
   check_mesh(mesh, "SequenceParallel");
   distribute_all(m, mesh, {Placement::replicate()});
-  const std::string who = m.fqn();
+  const Reason input_grad(
+      fmt::format("{} input grad (from_local backward, SequenceParallel)", m.fqn()));
   m.add_pre_hook([=, dim = sequence_dim](Module&, const Tensor& x) {
     if (is_dtensor(x)) return x;
     return from_local(x, mesh, {normalized(Placement::shard(dim), x.dim())}, std::nullopt,
-                      fmt::format("{} input grad (from_local backward, SequenceParallel)", who));
+                      input_grad);
   });
   if (use_local_output) {
     m.add_post_hook(
@@ -197,10 +201,10 @@ std::string PrepareModuleInput::str() const {
 
 void PrepareModuleInput::apply(Module& m, const std::shared_ptr<const DeviceMesh>& mesh) const {
   check_mesh(mesh, "PrepareModuleInput");
-  const std::string who = m.fqn(), style = "PrepareModuleInput";
+  const StyleReasons why(m.fqn(), "PrepareModuleInput");
   m.add_pre_hook([=, in = input_layout, want = desired_input_layout, local = use_local_output](
                      Module&, const Tensor& x) {
-    Tensor d = prepare_input(x, mesh, in, want, who, style);
+    Tensor d = prepare_input(x, mesh, in, want, why);
     return local ? to_local(d) : d;
   });
 }
@@ -213,12 +217,12 @@ std::string PrepareModuleOutput::str() const {
 
 void PrepareModuleOutput::apply(Module& m, const std::shared_ptr<const DeviceMesh>& mesh) const {
   check_mesh(mesh, "PrepareModuleOutput");
-  const std::string who = m.fqn(), style = "PrepareModuleOutput";
+  const StyleReasons why(m.fqn(), "PrepareModuleOutput");
   m.add_post_hook([=, out = output_layout, want = desired_output_layout, local = use_local_output](
                       Module&, const Tensor&, const Tensor& y) {
     Tensor d = y;
     if (!is_dtensor(d)) d = from_local(y, mesh, {normalized(out, y.dim())});
-    return prepare_output(d, want, local, who, style);
+    return prepare_output(d, want, local, why);
   });
 }
 
