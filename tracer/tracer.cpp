@@ -1,6 +1,7 @@
 // The tracer: interning, fixed-size records, iteration folding, the tick clock and the scopes.
 #include "tracer/tracer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -114,10 +115,7 @@ ShapeId Tracer::intern_shape(std::span<const std::int64_t> dims, const ShapeCach
 TensorArg Tracer::intern_arg(const ArgView& a) {
   TensorArg t;
   t.shape = intern_shape(a.shape, a.shape_cache);
-  t.global_shape = a.global.empty() || std::equal(a.global.begin(), a.global.end(), a.shape.begin(),
-                                                  a.shape.end())
-                       ? t.shape
-                       : intern_shape(a.global, a.global_cache);
+  t.global_shape = a.global.empty() ? t.shape : intern_shape(a.global, a.global_cache);
   t.placements = trace_.pools.intern_placements(a.placements);
   return t;
 }
@@ -132,7 +130,111 @@ MeshId Tracer::intern_mesh(const MeshInfo& m, std::uint64_t key) {
   return id;
 }
 
+bool Tracer::shape_matches(std::span<const std::int64_t> dims, const ShapeCache* cache,
+                           ShapeId id) {
+  ShapeId cached = 0;
+  if (cache && cache->get(id_, cached)) return cached == id;
+  const auto s = trace_.pools.shape(id);
+  if (s.size() != dims.size()) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {  // a loop: shapes are short, memcmp is a call
+    if (s[i] != dims[i]) return false;
+  }
+  if (cache) cache->set(id_, id);
+  return true;
+}
+
+// intern_arg's ids without interning: equal dims have equal ids, so a global shape equal to the
+// shape matches the shape's id whichever way the view gives it.
+bool Tracer::arg_matches(const ArgView& a, const TensorArg& t) {
+  if (!shape_matches(a.shape, a.shape_cache, t.shape)) return false;
+  if (a.global.empty() ? t.global_shape != t.shape
+                       : !shape_matches(a.global, a.global_cache, t.global_shape)) {
+    return false;
+  }
+  const auto p = trace_.pools.placements(t.placements);
+  return std::equal(p.begin(), p.end(), a.placements.begin(), a.placements.end());
+}
+
+bool Tracer::outputs_match(std::span<const ArgView> outputs, const Record& r) {
+  if (outputs.size() != r.n_outputs) return false;
+  const TensorArg* t = trace_.args.data() + r.outputs_begin;
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    if (!arg_matches(outputs[i], t[i])) return false;
+  }
+  return true;
+}
+
+// Everything same_event compares, read from the view instead of a stored record.
+bool Tracer::matches(const EventView& e, const CollectiveView* c, const Record& r) {
+  if (r.kind != e.kind || r.phase != phase_ || r.dtype != e.dtype || r.sharded != e.sharded ||
+      r.module != std::uint32_t(stack_.back()) || r.n_inputs != e.inputs.size() ||
+      r.name != intern_static(e.name) || r.overload != intern_static(e.overload) ||
+      (e.reason.empty() ? r.reason != 0 : trace_.pools.str(r.reason) != e.reason) ||
+      r.mesh != (e.mesh ? intern_mesh(*e.mesh, e.mesh_key) : kNoMesh) ||
+      (r.kind == EventKind::Collective) != (c != nullptr)) {
+    return false;
+  }
+  if (c) {
+    const CollectiveInfo& ci = r.collective;
+    auto same = [&](PlacementsId id, std::span<const Placement> p) {
+      const auto s = trace_.pools.placements(id);
+      return std::equal(s.begin(), s.end(), p.begin(), p.end());
+    };
+    if (ci.op != c->op || ci.reduce_op != c->reduce_op || ci.group_size != c->group_size ||
+        ci.group_rank != c->group_rank || ci.peer != c->peer || ci.root != c->root ||
+        ci.bytes != c->bytes || trace_.pools.str(ci.group) != c->group ||
+        !same(ci.before, c->before) || !same(ci.after, c->after)) {
+      return false;
+    }
+  }
+  const TensorArg* t = trace_.args.data() + r.inputs_begin;
+  for (std::size_t i = 0; i < e.inputs.size(); ++i) {
+    if (!arg_matches(e.inputs[i], t[i])) return false;
+  }
+  return e.outputs.empty() || outputs_match(e.outputs, r);
+}
+
+// The open block's matched events become records: copies of the previous block's records with
+// their own times and sequence numbers.
+void Tracer::materialize() {
+  speculating_ = false;
+  std::vector<Record>& rs = trace_.records;
+  const Block& prev = trace_.blocks[trace_.blocks.size() - 2];
+  rs.reserve(rs.size() + pending_.size());
+  for (std::size_t i = 0; i < pending_.size(); ++i) {
+    Record r = rs[prev.first + i];
+    const Pending& p = pending_[i];
+    auto copy_args = [&](std::uint32_t begin, std::uint16_t n) {
+      const std::uint32_t at = std::uint32_t(trace_.args.size());
+      for (std::uint32_t k = 0; k < n; ++k) {
+        const TensorArg a = trace_.args[begin + k];
+        trace_.args.push_back(a);
+      }
+      return at;
+    };
+    r.inputs_begin = copy_args(r.inputs_begin, r.n_inputs);
+    if (!p.outputs_seen) r.n_outputs = 0;
+    r.outputs_begin = copy_args(r.outputs_begin, r.n_outputs);
+    r.start_s = double(p.start);
+    r.duration_s = double(p.duration);
+    r.collective.seq = p.seq;
+    r.collective.seq_stride = 0;
+    rs.push_back(r);
+  }
+  pending_.clear();
+}
+
 std::uint32_t Tracer::store(const EventView& e, const CollectiveView* c, std::uint64_t start) {
+  if (speculating_) {
+    const Block& prev = trace_.blocks[trace_.blocks.size() - 2];
+    const std::size_t pos = pending_.size();
+    if (pos < prev.count && matches(e, c, trace_.records[prev.first + pos])) {
+      const bool seen = !e.outputs.empty() || trace_.records[prev.first + pos].n_outputs == 0;
+      pending_.push_back(Pending{start, 0, c ? c->seq : 0, seen});
+      return std::uint32_t(trace_.records.size() + pos);
+    }
+    materialize();
+  }
   Record r;
   r.kind = e.kind;
   r.phase = phase_;
@@ -172,7 +274,7 @@ std::uint32_t Tracer::store(const EventView& e, const CollectiveView* c, std::ui
 
 std::uint32_t Tracer::record(const EventView& e, std::uint64_t start) {
   const std::uint32_t i = store(e, nullptr, start);
-  trace_.records[i].duration_s = double(now() - start);
+  finish(i);
   return i;
 }
 
@@ -181,6 +283,17 @@ std::uint32_t Tracer::begin(const EventView& e, const CollectiveView* collective
 }
 
 void Tracer::add_outputs(std::uint32_t index, std::span<const ArgView> outputs) {
+  if (speculating(index)) {
+    const std::size_t pos = index - trace_.records.size();
+    COMMTRACE_CHECK(speculating_ && pos < pending_.size(), ErrorCode::Internal,
+                    "tracer: add_outputs for unknown record {}", index);
+    const Block& prev = trace_.blocks[trace_.blocks.size() - 2];
+    if (outputs_match(outputs, trace_.records[prev.first + pos])) {
+      pending_[pos].outputs_seen = true;
+      return;
+    }
+    materialize();  // the record now exists at `index`
+  }
   Record& r = trace_.records.at(index);
   r.outputs_begin = std::uint32_t(trace_.args.size());
   r.n_outputs = arg_count(outputs.size(), "output");
@@ -188,60 +301,67 @@ void Tracer::add_outputs(std::uint32_t index, std::span<const ArgView> outputs) 
 }
 
 void Tracer::finish(std::uint32_t index) {
+  if (speculating(index)) {
+    const std::size_t pos = index - trace_.records.size();
+    COMMTRACE_CHECK(speculating_ && pos < pending_.size(), ErrorCode::Internal,
+                    "tracer: finish for unknown record {}", index);
+    pending_[pos].duration = now() - pending_[pos].start;
+    return;
+  }
   Record& r = trace_.records.at(index);
   r.duration_s = double(now()) - r.start_s;
 }
 
-// Folds the open block into the one before when it repeats it: same events, and every
+// Ends the open block: folded into the one before when every event matched it and every
 // collective's sequence number advanced by its stride (set by the first repeat).
 void Tracer::close_block() {
   std::vector<Block>& blocks = trace_.blocks;
-  Block& cur = blocks.back();
-  cur.count = std::uint32_t(trace_.records.size()) - cur.first;
-  if (blocks.size() < 2) return;
-  if (cur.count == 0) {  // an iteration that recorded nothing leaves no block
-    blocks.pop_back();
-    return;
-  }
-  Block& prev = blocks[blocks.size() - 2];
-  if (prev.count != cur.count) return;
-  std::vector<Record>& rs = trace_.records;
-  for (std::uint32_t i = 0; i < cur.count; ++i) {
-    const Record& a = rs[prev.first + i];
-    const Record& b = rs[cur.first + i];
-    if (!same_event(trace_, a, b)) return;
-    if (a.kind == EventKind::Collective) {
-      const std::uint64_t last = a.collective.seq + (prev.repeat - 1) * a.collective.seq_stride;
-      if (b.collective.seq < last ||
-          (prev.repeat > 1 && b.collective.seq - last != a.collective.seq_stride)) {
-        return;
+  if (speculating_) {
+    const Block& prev = blocks[blocks.size() - 2];
+    bool fold = pending_.size() == prev.count;
+    for (std::uint32_t i = 0; fold && i < prev.count; ++i) {
+      const Record& a = trace_.records[prev.first + i];
+      const Pending& b = pending_[i];
+      fold = b.outputs_seen || a.n_outputs == 0;
+      if (fold && a.kind == EventKind::Collective) {
+        const std::uint64_t last = a.collective.seq + (prev.repeat - 1) * a.collective.seq_stride;
+        fold = b.seq >= last && (prev.repeat == 1 || b.seq - last == a.collective.seq_stride);
       }
     }
-  }
-  for (std::uint32_t i = 0; i < cur.count; ++i) {
-    Record& a = rs[prev.first + i];
-    const Record& b = rs[cur.first + i];
-    if (a.kind == EventKind::Collective && prev.repeat == 1) {
-      a.collective.seq_stride = b.collective.seq - a.collective.seq;
+    if (fold) {
+      Block& p = blocks[blocks.size() - 2];
+      for (std::uint32_t i = 0; i < p.count; ++i) {
+        Record& a = trace_.records[p.first + i];
+        if (a.kind == EventKind::Collective && p.repeat == 1) {
+          a.collective.seq_stride = pending_[i].seq - a.collective.seq;
+        }
+        // Running mean of the durations over the repeats.
+        a.duration_s += (double(pending_[i].duration) - a.duration_s) / double(p.repeat + 1);
+      }
+      ++p.repeat;
+      speculating_ = false;
+      pending_.clear();
+      blocks.pop_back();
+      return;
     }
-    // Running mean of the durations over the repeats.
-    a.duration_s += (b.duration_s - a.duration_s) / double(prev.repeat + 1);
+    materialize();
   }
-  ++prev.repeat;
-  trace_.args.resize(rs[cur.first].inputs_begin);
-  rs.resize(cur.first);
-  blocks.pop_back();
+  Block& cur = blocks.back();
+  cur.count = std::uint32_t(trace_.records.size()) - cur.first;
+  if (blocks.size() >= 2 && cur.count == 0) blocks.pop_back();  // an empty iteration: no block
 }
 
 void Tracer::next_iteration() {
   close_block();
   ++iteration_;
   trace_.blocks.push_back(Block{std::uint32_t(trace_.records.size()), 0, iteration_, 1});
+  speculating_ = trace_.blocks[trace_.blocks.size() - 2].count > 0;
 }
 
 std::size_t Tracer::memory_bytes() const {
   return trace_.records.capacity() * sizeof(Record) + trace_.args.capacity() * sizeof(TensorArg) +
-         trace_.blocks.capacity() * sizeof(Block) + trace_.pools.bytes();
+         trace_.blocks.capacity() * sizeof(Block) + pending_.capacity() * sizeof(Pending) +
+         trace_.pools.bytes();
 }
 
 Trace Tracer::take() {
@@ -262,6 +382,8 @@ Trace Tracer::take() {
   stack_.assign(1, 0);
   phase_ = Phase::Forward;
   iteration_ = 0;
+  speculating_ = false;
+  pending_.clear();
   id_ = g_next_tracer_id.fetch_add(1, std::memory_order_relaxed);  // the caches' ids are stale
   static_ids_.clear();
   static_cache_.fill(StaticSlot{});

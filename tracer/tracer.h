@@ -3,7 +3,9 @@
 // Recording copies ids and numbers into fixed-size records (strings, shapes, placement lists and
 // meshes are interned): no allocation per record once the tables and vectors have grown, and no
 // text is formatted. Iterations marked with next_iteration() that repeat the previous one exactly
-// are folded into it (a repeat count), so a long run costs the memory of one iteration.
+// are folded into it (a repeat count), so a long run costs the memory of one iteration. While an
+// iteration repeats the one before, each event is only compared with the record at its position
+// (no hashing, no new record); at the first difference the events so far become records.
 // Not thread-safe: one tracer belongs to one thread (one rank) at a time.
 #pragma once
 
@@ -114,6 +116,7 @@ class Tracer {
   // into it. The first iteration is 0.
   void next_iteration();
   std::uint32_t iteration() const { return iteration_; }
+  // Records stored so far (events of an iteration still matching the previous one excluded).
   std::size_t record_count() const { return trace_.records.size(); }
   // Bytes held by the trace (records, arguments, tables).
   std::size_t memory_bytes() const;
@@ -128,6 +131,21 @@ class Tracer {
   ShapeId intern_shape(std::span<const std::int64_t> dims, const ShapeCache* cache);
   MeshId intern_mesh(const MeshInfo& m, std::uint64_t key);
   void close_block();
+  // Speculative folding (see the file comment).
+  bool matches(const EventView& e, const CollectiveView* c, const Record& r);
+  bool arg_matches(const ArgView& a, const TensorArg& t);
+  bool shape_matches(std::span<const std::int64_t> dims, const ShapeCache* cache, ShapeId id);
+  bool outputs_match(std::span<const ArgView> outputs, const Record& r);
+  void materialize();
+  bool speculating(std::uint32_t index) const { return index >= trace_.records.size(); }
+
+  // An event of the open block that matched the previous block's record at its position.
+  struct Pending {
+    std::uint64_t start = 0, duration = 0, seq = 0;
+    bool outputs_seen = false;  // false while outputs added later are still to come
+  };
+  bool speculating_ = false;
+  std::vector<Pending> pending_;
 
   // Interning of static strings by address: a direct-mapped cache in front of the map.
   struct StaticSlot {

@@ -58,6 +58,12 @@ Reason Reason::backward_of(const Reason& forward, const Reason& fallback) {
   return r;
 }
 
+std::string_view Reason::view(std::string& scratch) const {
+  if (!op && *prefix == '\0') return text;
+  scratch = str();
+  return scratch;
+}
+
 std::string Reason::str() const {
   if (op) return fmt::format("{}{} input {}", prefix, op, index);
   return fmt::format("{}{}", prefix, text);
@@ -200,12 +206,11 @@ std::uint32_t Communicator::prepare(CollectiveCall& c, Tracer* tracer) {
     e.outputs = {outs, 1};
     e.dtype = c.out->dtype();
   }
-  std::string reason;
+  std::string scratch;
   if (ctx) {
     e.mesh = ctx->mesh;
     e.mesh_key = ctx->mesh_key;
-    reason = ctx->reason.str();
-    e.reason = reason;
+    e.reason = ctx->reason.view(scratch);
   }
   CollectiveView cv;
   cv.op = c.op;

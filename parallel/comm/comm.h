@@ -39,6 +39,8 @@ struct Reason {
   // `forward` with "backward of " in front, or `fallback` when `forward` is empty.
   static Reason backward_of(const Reason& forward, const Reason& fallback);
   std::string str() const;
+  // The text without formatting when there is nothing to add to it, else str() in `scratch`.
+  std::string_view view(std::string& scratch) const;
   bool empty() const { return text.empty() && op == nullptr; }
 
   const char* prefix = "";

@@ -12,6 +12,8 @@ namespace commtrace {
 DeviceMesh::DeviceMesh(RankContext& ctx, std::vector<int> shape, std::vector<std::string> names)
     : shape_(std::move(shape)), names_(std::move(names)), rank_(ctx.rank()) {
   COMMTRACE_CHECK(!shape_.empty(), ErrorCode::InvalidArgument, "DeviceMesh: no dims given");
+  COMMTRACE_CHECK(shape_.size() <= std::size_t(kMaxMeshDims), ErrorCode::InvalidArgument,
+                  "DeviceMesh: {} dims; at most {}", shape_.size(), kMaxMeshDims);
   std::int64_t total = 1;
   for (int s : shape_) {
     COMMTRACE_CHECK(s >= 1, ErrorCode::InvalidArgument, "DeviceMesh: dim size {} < 1", s);

@@ -13,6 +13,9 @@ namespace commtrace {
 
 class RankContext;
 
+// The most dims a mesh may have (placement lists live in fixed arrays on the hot paths).
+inline constexpr int kMaxMeshDims = 8;
+
 class DeviceMesh {
  public:
   // names: one per dim, distinct; empty gives commtrace's defaults ("tp"; "dp", "tp"; "dim0",

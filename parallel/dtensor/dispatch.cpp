@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "parallel/comm/mesh.h"
 #include "parallel/dtensor/dtensor.h"
 #include "parallel/tensor/op.h"
 #include "tracer/tracer.h"
@@ -15,65 +16,21 @@ namespace commtrace {
 
 namespace {
 
-constexpr int kMaxMeshDims = 8;
+using PlacementRow = std::array<Placement, kMaxMeshDims>;
 
-// The record's view of the DTensor path's inputs (at most kMaxRuleInputs): local and global
-// shapes and placements, the last two dims swapped for transposed operands (as PyTorch records
-// op(b)). Inline storage: recording allocates nothing here.
-class ShardedArgs {
- public:
-  ShardedArgs(std::span<const Tensor> in, std::uint32_t transposed) {
-    for (std::size_t k = 0; k < in.size(); ++k) {
-      const Tensor& t = in[k];
-      if (!t.defined()) continue;
-      const DistSpec* d = is_dtensor(t) ? &dist_of(t) : nullptr;
-      if (!(((transposed >> k) & 1u) && t.dim() >= 2 && n_swapped_ < swapped_.size())) {
-        views_[n_++] = d ? ArgView{d->local.shape(), t.shape(), d->placements,
-                                   &d->local.impl()->trace_shape, &t.impl()->trace_shape}
-                         : ArgView{t.shape(), {}, {}, &t.impl()->trace_shape};
-        continue;
-      }
-      Swapped& sw = swapped_[n_swapped_++];
-      sw.shape = d ? d->local.shape() : t.shape();
-      sw.global = t.shape();
-      std::swap(sw.shape[sw.shape.size() - 2], sw.shape.back());
-      std::swap(sw.global[sw.global.size() - 2], sw.global.back());
-      if (d) {
-        const int last = t.dim() - 1;
-        sw.placements = d->placements;
-        for (Placement& p : sw.placements) {
-          if (p.is_shard() && p.dim >= last - 1) p.dim = p.dim == last ? last - 1 : last;
-        }
-      }
-      views_[n_++] = ArgView{sw.shape, sw.global, sw.placements};
-    }
-  }
-  std::span<const ArgView> views() const { return {views_.data(), n_}; }
-
- private:
-  struct Swapped {
-    Shape shape, global;
-    Placements placements;
-  };
-  std::array<ArgView, kMaxRuleInputs> views_{};
-  std::size_t n_ = 0;
-  std::array<Swapped, 3> swapped_;  // transposed operands are GEMM inputs: at most 3
-  std::size_t n_swapped_ = 0;
-};
-
-// The chosen strategy: per input its target placements, per output its placements.
+// The chosen strategy: per input its target placements, per output its placements (the first
+// mesh.ndim() entries of each row).
 struct Choice {
-  std::vector<Placements> inputs;
-  std::array<Placements, kMaxOpOutputs> outputs;
+  std::array<PlacementRow, kMaxRuleInputs> inputs;
+  std::array<PlacementRow, kMaxOpOutputs> outputs;
 };
 
 Choice choose(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a,
               const DeviceMesh& mesh) {
   const int ndim = mesh.ndim();
-  COMMTRACE_CHECK(ndim <= kMaxMeshDims, ErrorCode::Unsupported,
-                  "{}: a {}-d mesh has more than {} dims", op.name, ndim, kMaxMeshDims);
+  const auto nd = std::size_t(ndim);
   std::array<Strategies, kMaxMeshDims> per_dim;
-  std::array<Placement, kMaxRuleInputs> current{};
+  std::array<Placement, kMaxRuleInputs> current;
   for (int d = 0; d < ndim; ++d) {
     for (std::size_t i = 0; i < in.size(); ++i) {
       current[i] =
@@ -86,23 +43,21 @@ Choice choose(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a,
     } else {
       s.add();  // every input and output Replicate
     }
-    COMMTRACE_CHECK(s.size > 0, ErrorCode::Internal, "{}: sharding rule gave no strategy", op.name);
+    COMMTRACE_CHECK(s.size() > 0, ErrorCode::Internal, "{}: sharding rule gave no strategy",
+                    op.name);
   }
   // The cheapest combination over the mesh, the first on ties.
   std::array<int, kMaxMeshDims> pick{}, best{};
   double best_cost = std::numeric_limits<double>::infinity();
   bool found = false;
-  Placements target = Placements(std::size_t(ndim));
+  PlacementRow target;
   for (;;) {
     double cost = 0;
     for (std::size_t i = 0; i < in.size() && cost < best_cost; ++i) {
       if (!is_dtensor(in[i])) continue;
-      for (int d = 0; d < ndim; ++d) {
-        target[std::size_t(d)] =
-            per_dim[std::size_t(d)].items[std::size_t(pick[std::size_t(d)])].inputs[i];
-      }
-      cost +=
-          redistribute_cost(in[i].shape(), in[i].dtype(), mesh, dist_of(in[i]).placements, target);
+      for (std::size_t d = 0; d < nd; ++d) target[d] = per_dim[d][pick[d]].inputs[i];
+      cost += redistribute_cost(in[i].shape(), in[i].dtype(), mesh, dist_of(in[i]).placements,
+                                {target.data(), nd});
     }
     if (cost < best_cost) {
       best_cost = cost;
@@ -110,7 +65,7 @@ Choice choose(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a,
       found = true;
     }
     int d = ndim - 1;
-    while (d >= 0 && ++pick[std::size_t(d)] == per_dim[std::size_t(d)].size) {
+    while (d >= 0 && ++pick[std::size_t(d)] == per_dim[std::size_t(d)].size()) {
       pick[std::size_t(d--)] = 0;
     }
     if (d < 0) break;
@@ -118,14 +73,10 @@ Choice choose(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a,
   COMMTRACE_CHECK(found, ErrorCode::Unsupported, "{}: no sharding strategy fits these inputs",
                   op.name);
   Choice c;
-  c.inputs.assign(in.size(), Placements(std::size_t(ndim)));
-  for (auto& o : c.outputs) o.resize(std::size_t(ndim));
-  for (int d = 0; d < ndim; ++d) {
-    const DimStrategy& s = per_dim[std::size_t(d)].items[std::size_t(best[std::size_t(d)])];
-    for (std::size_t i = 0; i < in.size(); ++i) c.inputs[i][std::size_t(d)] = s.inputs[i];
-    for (int o = 0; o < op.n_outputs; ++o) {
-      c.outputs[std::size_t(o)][std::size_t(d)] = s.outputs[std::size_t(o)];
-    }
+  for (std::size_t d = 0; d < nd; ++d) {
+    const DimStrategy& s = per_dim[d][best[d]];
+    for (std::size_t i = 0; i < in.size(); ++i) c.inputs[i][d] = s.inputs[i];
+    for (std::size_t o = 0; o < std::size_t(op.n_outputs); ++o) c.outputs[o][d] = s.outputs[o];
   }
   return c;
 }
@@ -159,7 +110,12 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
   Tracer* tracer = Tracer::current();
   std::uint32_t record = 0;
   if (tracer) {
-    const ShardedArgs args(in, a.transposed);
+    const RecordedArgs args(in, a.transposed, [](const Tensor& t) {
+      if (!is_dtensor(t)) return ArgView{t.shape(), {}, {}, &t.impl()->trace_shape};
+      const DistSpec& d = dist_of(t);
+      return ArgView{d.local.shape(), t.shape(), d.placements, &d.local.impl()->trace_shape,
+                     &t.impl()->trace_shape};
+    });
     EventView e;
     e.kind = op.kind;
     e.name = op.name;
@@ -177,22 +133,21 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
     record = tracer->begin(e);
   }
 
-  std::vector<Tensor> locals;
-  locals.reserve(in.size());
+  const auto nd = std::size_t(mesh->ndim());
+  std::array<Tensor, kMaxRuleInputs> locals;
   for (std::size_t i = 0; i < in.size(); ++i) {
     const Tensor& t = in[i];
     if (!is_dtensor(t)) {
-      locals.push_back(t);
+      locals[i] = t;
       continue;
     }
     const DistSpec& spec = dist_of(t);
-    locals.push_back(redistribute_local(spec.local, t.shape(), *mesh, spec.placements, c.inputs[i],
-                                        Reason::op_input(op.name, int(i))));
+    locals[i] = redistribute_local(spec.local, t.shape(), *mesh, spec.placements,
+                                   {c.inputs[i].data(), nd}, Reason::op_input(op.name, int(i)));
   }
   std::array<OutSpec, kMaxOpOutputs> local = global;
-  for (int o = 0; o < op.n_outputs; ++o) {
-    local[std::size_t(o)].shape =
-        local_shape_of(global[std::size_t(o)].shape, c.outputs[std::size_t(o)], *mesh);
+  for (std::size_t o = 0; o < std::size_t(op.n_outputs); ++o) {
+    local[o].shape = local_shape_of(global[o].shape, {c.outputs[o].data(), nd}, *mesh);
   }
   std::array<int, kMaxMeshDims> sizes{}, coords{};
   for (int d = 0; d < mesh->ndim(); ++d) {
@@ -201,8 +156,9 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
   }
   const ShardInfo info{std::span<const int>(sizes.data(), std::size_t(mesh->ndim())),
                        std::span<const int>(coords.data(), std::size_t(mesh->ndim())),
-                       c.outputs[0]};
-  const OpOutputs shards = run_local(op, locals, a, local.data(), &info);
+                       {c.outputs[0].data(), nd}};
+  const OpOutputs shards =
+      run_local(op, std::span<const Tensor>(locals.data(), in.size()), a, local.data(), &info);
 
   OpOutputs out;
   std::array<ArgView, kMaxOpOutputs> results{};
@@ -210,11 +166,13 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
   for (int o = 0; o < op.n_outputs; ++o) {
     const Tensor& shard = shards[std::size_t(o)];
     if (!shard.defined()) continue;
+    const std::span<const Placement> placements(c.outputs[std::size_t(o)].data(), nd);
     out[std::size_t(o)] =
-        wrap_dtensor(shard, mesh, c.outputs[std::size_t(o)], global[std::size_t(o)].shape);
+        wrap_dtensor(shard, mesh, Placements(placements.begin(), placements.end()),
+                     global[std::size_t(o)].shape);
     results[n_results++] =
-        ArgView{shard.shape(), global[std::size_t(o)].shape, c.outputs[std::size_t(o)],
-                &shard.impl()->trace_shape, &out[std::size_t(o)].impl()->trace_shape};
+        ArgView{shard.shape(), global[std::size_t(o)].shape, placements, &shard.impl()->trace_shape,
+                &out[std::size_t(o)].impl()->trace_shape};
   }
   if (tracer) {
     tracer->add_outputs(record, {results.data(), n_results});

@@ -31,8 +31,8 @@ namespace {
 
 // The size of tensor dim `k` as mesh dim `mesh_dim` sees it: after the shards of the earlier
 // mesh dims on the same tensor dim (nested torch.chunk splits).
-std::int64_t dim_size_at(const Shape& global, const Placements& p, const DeviceMesh& mesh, int k,
-                         int mesh_dim) {
+std::int64_t dim_size_at(const Shape& global, std::span<const Placement> p, const DeviceMesh& mesh,
+                         int k, int mesh_dim) {
   std::int64_t n = global[std::size_t(k)];
   for (int i = 0; i < mesh_dim; ++i) {
     if (p[std::size_t(i)].is_shard(k)) n = chunk_range(n, mesh.size(i), mesh.coordinate(i)).size;
@@ -40,7 +40,8 @@ std::int64_t dim_size_at(const Shape& global, const Placements& p, const DeviceM
   return n;
 }
 
-void check_placements(const Placements& p, const DeviceMesh& mesh, int rank, const char* what) {
+void check_placements(std::span<const Placement> p, const DeviceMesh& mesh, int rank,
+                      const char* what) {
   COMMTRACE_CHECK(int(p.size()) == mesh.ndim(), ErrorCode::InvalidArgument,
                   "{}: {} placements {} for a {}-d mesh", what, p.size(), placements_str(p),
                   mesh.ndim());
@@ -158,7 +159,8 @@ double ring_cost(double bytes_gb, int n, int hops) {
 
 }  // namespace
 
-Shape local_shape_of(const Shape& global, const Placements& placements, const DeviceMesh& mesh) {
+Shape local_shape_of(const Shape& global, std::span<const Placement> placements,
+                     const DeviceMesh& mesh) {
   Shape s = global;
   for (int d = 0; d < mesh.ndim(); ++d) {
     const Placement& p = placements[std::size_t(d)];
@@ -176,11 +178,14 @@ Tensor wrap_dtensor(Tensor local, std::shared_ptr<const DeviceMesh> mesh, Placem
                   "wrap_dtensor: the local part must be a plain tensor");
   install_dtensor_hooks();
   check_placements(placements, *mesh, int(global.size()), "DTensor");
-  const Shape expected = local_shape_of(global, placements, *mesh);
-  COMMTRACE_CHECK(local.shape() == expected, ErrorCode::ShapeMismatch,
+  bool fits = local.dim() == int(global.size());
+  for (int k = 0; fits && k < local.dim(); ++k) {
+    fits = local.size(k) == dim_size_at(global, placements, *mesh, k, mesh->ndim());
+  }
+  COMMTRACE_CHECK(fits, ErrorCode::ShapeMismatch,
                   "DTensor: rank {} holds local {} but global {} with {} needs {}", mesh->rank(),
                   describe(local), shape_str(global), placements_str(placements),
-                  shape_str(expected));
+                  shape_str(local_shape_of(global, placements, *mesh)));
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = global;
   impl->dtype = local.dtype();
@@ -194,10 +199,15 @@ Tensor wrap_dtensor(Tensor local, std::shared_ptr<const DeviceMesh> mesh, Placem
 }
 
 Tensor redistribute_local(const Tensor& local, const Shape& global, const DeviceMesh& mesh,
-                          const Placements& src, const Placements& dst, const Reason& reason) {
+                          std::span<const Placement> src, std::span<const Placement> dst,
+                          const Reason& reason) {
+  COMMTRACE_CHECK(src.size() == std::size_t(mesh.ndim()) && dst.size() == src.size(),
+                  ErrorCode::Internal, "redistribute: {} → {} on a {}-d mesh", placements_str(src),
+                  placements_str(dst), mesh.ndim());
+  if (std::equal(src.begin(), src.end(), dst.begin())) return local;
   NoGradGuard no_grad;
   Tensor cur = local;
-  Placements pl = src;
+  Placements pl(src.begin(), src.end());
   // Shards are undone innermost mesh dim first (a tensor dim sharded on dims 0 and 1 must be
   // gathered on 1 before 0); every other move then runs outermost first.
   std::vector<int> order;
@@ -247,7 +257,7 @@ Tensor redistribute_local(const Tensor& local, const Shape& global, const Device
 }
 
 double redistribute_cost(const Shape& global, DType dtype, const DeviceMesh& mesh,
-                         const Placements& src, const Placements& dst) {
+                         std::span<const Placement> src, std::span<const Placement> dst) {
   double shards = 1;
   for (int d = 0; d < mesh.ndim(); ++d) {
     if (src[std::size_t(d)].is_shard()) shards *= mesh.size(d);

@@ -40,7 +40,8 @@ bool is_dtensor(const Tensor& t);
 const DistSpec& dist_of(const Tensor& t);  // REQUIRES: is_dtensor(t)
 
 // The local shape this rank holds for `global` under `placements` (torch.chunk shards).
-Shape local_shape_of(const Shape& global, const Placements& placements, const DeviceMesh& mesh);
+Shape local_shape_of(const Shape& global, std::span<const Placement> placements,
+                     const DeviceMesh& mesh);
 
 // Installs this layer's hooks into the op layer (idempotent; every DTensor is made by
 // wrap_dtensor, which calls it).
@@ -77,9 +78,10 @@ Tensor full_tensor(const Tensor& x);
 // all_gather, P→R all_reduce, P→S reduce_scatter, S(i)→S(j) all_to_all, R→S local chunk,
 // R→P(sum) divide by the dim size. Uneven shards are padded for the collective and trimmed.
 Tensor redistribute_local(const Tensor& local, const Shape& global, const DeviceMesh& mesh,
-                          const Placements& src, const Placements& dst, const Reason& reason);
+                          std::span<const Placement> src, std::span<const Placement> dst,
+                          const Reason& reason);
 // PyTorch's cost model of that move (microseconds); infinity when not allowed (Shard → Partial).
 double redistribute_cost(const Shape& global, DType dtype, const DeviceMesh& mesh,
-                         const Placements& src, const Placements& dst);
+                         std::span<const Placement> src, std::span<const Placement> dst);
 
 }  // namespace commtrace

@@ -10,46 +10,37 @@ namespace {
 
 DistHooks g_hooks{};
 
-// The record's view of the defined plain inputs: their shapes, with the last two dims swapped
-// where `transposed` says. Inline for the usual few inputs; a long cat spills to the heap.
-class PlainArgs {
- public:
-  PlainArgs(std::span<const Tensor> in, std::uint32_t transposed) {
-    if (in.size() > inline_.size()) {
-      heap_.resize(in.size());
-      views_ = heap_;
-    }
-    std::size_t n = 0;
-    for (std::size_t k = 0; k < in.size(); ++k) {
-      const Tensor& t = in[k];
-      if (!t.defined()) continue;
-      if (k < 32 && ((transposed >> k) & 1u) && t.dim() >= 2) {
-        Shape& s = swapped_[std::min<std::size_t>(k, swapped_.size() - 1)];
-        s = t.shape();
-        std::swap(s[s.size() - 2], s[s.size() - 1]);
-        views_[n++] = ArgView{s, {}, {}};
-      } else {
-        views_[n++] = ArgView{t.shape(), {}, {}, &t.impl()->trace_shape};
-      }
-    }
-    views_ = views_.first(n);
-  }
-  std::span<const ArgView> views() const { return views_; }
-
- private:
-  std::array<ArgView, 8> inline_{};
-  std::vector<ArgView> heap_;
-  std::span<ArgView> views_{inline_};
-  std::array<Shape, 3> swapped_;  // transposed operands are GEMM inputs: at most 3
-};
-
 }  // namespace
 
+ArgView RecordedArgs::swapped(const ArgView& v) {
+  COMMTRACE_CHECK(n_swapped_ < std::size(swapped_.items) && v.shape.size() <= kMaxDims &&
+                      v.global.size() <= kMaxDims && v.placements.size() <= kMaxDims,
+                  ErrorCode::Unsupported,
+                  "tracer: more than {} transposed operands, or one of more than {} dims",
+                  std::size(swapped_.items), kMaxDims);
+  Swapped& sw = swapped_.items[n_swapped_++];
+  auto swap_last = [](std::span<const std::int64_t> s, std::int64_t* d) {
+    std::copy(s.begin(), s.end(), d);
+    if (!s.empty()) std::swap(d[s.size() - 2], d[s.size() - 1]);
+    return std::span<const std::int64_t>(d, s.size());
+  };
+  ArgView out;
+  out.shape = swap_last(v.shape, sw.shape);
+  out.global = swap_last(v.global, sw.global);
+  const int last = int(v.global.empty() ? v.shape.size() : v.global.size()) - 1;
+  for (std::size_t i = 0; i < v.placements.size(); ++i) {
+    Placement p = v.placements[i];
+    if (p.is_shard() && p.dim >= last - 1) p.dim = p.dim == last ? last - 1 : last;
+    sw.placements[i] = p;
+  }
+  out.placements = {sw.placements, v.placements.size()};
+  return out;  // no shape caches: the swapped dims are not the tensors' shapes
+}
+
 DimStrategy& Strategies::add() {
-  COMMTRACE_CHECK(size < kMaxStrategies, ErrorCode::Internal, "a rule gave more than {} strategies",
-                  kMaxStrategies);
-  items[std::size_t(size)] = DimStrategy{};
-  return items[std::size_t(size++)];
+  COMMTRACE_CHECK(size_ < kMaxStrategies, ErrorCode::Internal,
+                  "a rule gave more than {} strategies", kMaxStrategies);
+  return *::new (&items_[size_++]) DimStrategy{};
 }
 
 void install_dist_hooks(const DistHooks& hooks) { g_hooks = hooks; }
@@ -125,7 +116,9 @@ OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& 
     out[0].impl()->origin = f.origin;
   }
   if (tracer) {
-    const PlainArgs args(in, a.transposed);
+    const RecordedArgs args(in, a.transposed, [](const Tensor& t) {
+      return ArgView{t.shape(), {}, {}, &t.impl()->trace_shape};
+    });
     std::array<ArgView, kMaxOpOutputs> results{};
     std::size_t n_results = 0;
     for (int i = 0; i < op.n_outputs; ++i) {

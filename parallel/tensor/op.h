@@ -10,8 +10,11 @@
 #include <cstdint>
 #include <span>
 
+#include <vector>
+
 #include "parallel/tensor/tensor.h"
 #include "tracer/trace.h"
+#include "tracer/tracer.h"
 
 namespace commtrace {
 
@@ -57,10 +60,19 @@ struct DimStrategy {
 };
 
 // Candidates in preference order: the first of equal redistribute cost wins.
-struct Strategies {
-  std::array<DimStrategy, kMaxStrategies> items{};
-  int size = 0;
-  DimStrategy& add();
+class Strategies {
+ public:
+  Strategies() {}      // NOLINT: the slots stay unconstructed until add()
+  DimStrategy& add();  // a new candidate: every placement Replicate
+  DimStrategy& operator[](int i) { return items_[i]; }
+  const DimStrategy& operator[](int i) const { return items_[i]; }
+  int size() const { return size_; }
+
+ private:
+  union {
+    DimStrategy items_[kMaxStrategies];  // [0, size_) constructed; trivially destructible
+  };
+  int size_ = 0;
 };
 
 // The shard a local run computes, for the run functions that need it (the masked lookup of a
@@ -100,6 +112,54 @@ inline Tensor dispatch1(const OpDef& op, std::span<const Tensor> in, const OpAtt
 // dispatch(), and the DTensor path's step on the local shards. Records the local op.
 OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a,
                     const OutSpec* specs, const ShardInfo* dist);
+
+// The tracer's view of an op's defined inputs, as `view(tensor)` describes each; a transposed
+// operand (OpAttrs::transposed) is shown with its last two dims swapped in its shapes and shard
+// placements (PyTorch records op(b) = bᵀ). Stack storage: allocates only past 8 inputs.
+class RecordedArgs {
+ public:
+  template <class View>
+  RecordedArgs(std::span<const Tensor> in, std::uint32_t transposed, View&& view) {
+    ArgView* out = inline_.items;
+    if (in.size() > std::size(inline_.items)) {
+      heap_.resize(in.size());
+      out = heap_.data();
+    }
+    for (std::size_t k = 0; k < in.size(); ++k) {
+      const Tensor& t = in[k];
+      if (!t.defined()) continue;
+      const ArgView v = view(t);
+      out[n_++] = k < 32 && ((transposed >> k) & 1u) && v.shape.size() >= 2 ? swapped(v) : v;
+    }
+    views_ = out;
+  }
+  RecordedArgs(const RecordedArgs&) = delete;
+  RecordedArgs& operator=(const RecordedArgs&) = delete;
+  std::span<const ArgView> views() const { return {views_, n_}; }
+
+ private:
+  static constexpr std::size_t kMaxDims = 8;
+  struct Swapped {
+    std::int64_t shape[kMaxDims], global[kMaxDims];
+    Placement placements[kMaxDims];
+  };
+  ArgView swapped(const ArgView& v);  // into the next free Swapped; a GEMM has at most 3
+
+  // Unions leave the slots unconstructed: only those written are read (all trivially
+  // destructible).
+  union Views {
+    Views() {}
+    ArgView items[8];
+  } inline_;
+  union Swaps {
+    Swaps() {}
+    Swapped items[3];
+  } swapped_;
+  std::vector<ArgView> heap_;
+  const ArgView* views_ = nullptr;
+  std::size_t n_ = 0;
+  std::size_t n_swapped_ = 0;
+};
 
 // The extension point for tensors that carry a distribution (TensorImpl::dist). The op layer
 // never looks inside one: it calls these.

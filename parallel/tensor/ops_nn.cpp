@@ -47,7 +47,7 @@ void layer_norm_rule(const RuleArgs& r, Strategies& s) { rules::last_dim_whole(r
 void layer_norm_backward_rule(const RuleArgs& r, Strategies& s) {
   static constexpr int kLast[] = {-1};
   rules::follow(r, kLast, false, /*prefix=*/true, s);
-  DimStrategy& d = s.items[0];
+  DimStrategy& d = s[0];
   const Placement p = d.outputs[0];
   d.outputs[1] = d.outputs[2] = p.is_shard() ? Placement::partial() : p;
 }

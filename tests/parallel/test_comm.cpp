@@ -866,7 +866,8 @@ TEST_CASE("the fake backend records every op at world size 64 on meta tensors", 
   }
 }
 
-TEST_CASE("the fake backend runs only the requested ranks and leaves cpu data alone", "[comm]") {
+TEST_CASE("the fake backend runs only the requested ranks, keeps in-place data, zeroes outputs",
+          "[comm]") {
   LaunchOptions fake;
   fake.backend = "fake";
   fake.ranks = {3, 17};
@@ -881,10 +882,13 @@ TEST_CASE("the fake backend runs only the requested ranks and leaves cpu data al
         c->all_reduce(t, ReduceOp::Sum);  // never waits for the 62 ranks that do not run
         Tensor out = Tensor::full({256}, -1.0);
         c->all_gather(t, out);
-        kept[std::size_t(ctx.rank())] = t.to_vector()[0] + out.to_vector()[255];
+        Tensor got = Tensor::full({4}, -1.0);
+        c->recv(got, ctx.rank() == 3 ? 17 : 3);  // never waits for the peer either
+        kept[std::size_t(ctx.rank())] = t.to_vector()[0] + out.to_vector()[255] +
+                                        out.to_vector()[0] + got.to_vector()[3];
       },
       fake);
   REQUIRE(runs.load() == 2);
-  REQUIRE(kept[3] == 2.0);
-  REQUIRE(kept[17] == 16.0);
+  REQUIRE(kept[3] == 3.0);  // the all_reduce leaves the data alone; out and got are zeroed
+  REQUIRE(kept[17] == 17.0);
 }

@@ -1,6 +1,8 @@
 // The tracer core on its own: the module tree, phases, scopes and activation, interning,
 // iteration folding and the clock.
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/catch_compat.h"
 #include "tracer/tracer.h"
@@ -199,6 +201,90 @@ TEST_CASE("identical iterations fold into one block with a repeat count", "[trac
     if (r.kind == EventKind::Collective) seqs.push_back(q);
   });
   REQUIRE(seqs == std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+}
+
+TEST_CASE("an iteration that diverges keeps its own records, times and sequence numbers",
+          "[tracer]") {
+  Tracer tr;
+  TracerActivation on(tr);
+  const Shape s{4};
+  auto names = [](const Trace& t) {
+    std::vector<std::string> out;
+    t.for_each_event([&](const Record& r, std::uint64_t) { out.emplace_back(t.name(r)); });
+    return out;
+  };
+  const std::vector<std::vector<const char*>> iterations = {
+      {"relu", "all_reduce", "gelu"},           // 0
+      {"relu", "all_reduce", "tanh"},           // 1: differs at its last event
+      {"relu", "all_reduce", "tanh", "extra"},  // 2: one more
+      {"relu"},                                 // 3: a prefix of the one before
+      {"relu"},                                 // 4: folds into 3
+  };
+  std::uint64_t seq = 10;
+  for (const auto& it : iterations) {
+    for (const char* n : it) {
+      if (std::string(n) == "all_reduce") {
+        coll(tr, Collective::AllReduce, seq++, s);
+      } else {
+        op(tr, n, tr.now());
+      }
+    }
+    tr.next_iteration();
+  }
+  const Trace t = tr.take();
+  REQUIRE(t.blocks.size() == 4);
+  REQUIRE(t.blocks[3].iteration == 3);
+  REQUIRE(t.blocks[3].repeat == 2);
+  std::vector<std::string> want;
+  for (const auto& it : iterations) want.insert(want.end(), it.begin(), it.end());
+  REQUIRE(names(t) == want);
+  REQUIRE(t.records[4].collective.seq == 11);  // iteration 1's own number, not a copy
+  REQUIRE(t.records[4].collective.seq_stride == 0);
+  REQUIRE(t.records[3].start_s > t.records[0].start_s);
+}
+
+TEST_CASE("outputs added after begin() take part in folding", "[tracer]") {
+  Tracer tr;
+  TracerActivation on(tr);
+  const Shape a{2, 3}, b{3, 2};
+  auto sharded_op = [&](std::span<const std::int64_t> out_shape, bool finished) {
+    const ArgView in{a, {}, {}};
+    EventView e;
+    e.name = "mm";
+    e.inputs = {&in, 1};
+    const std::uint32_t i = tr.begin(e);
+    if (!finished) return;  // the op threw before its outputs were known
+    const ArgView out{out_shape, {}, {}};
+    tr.add_outputs(i, {&out, 1});
+    tr.finish(i);
+  };
+  sharded_op(a, true);
+  tr.next_iteration();
+  sharded_op(a, true);  // folds
+  tr.next_iteration();
+  sharded_op(b, true);  // other output shape: a block of its own
+  tr.next_iteration();
+  sharded_op(b, false);  // no outputs: differs from the one before
+  const Trace t = tr.take();
+  REQUIRE(t.blocks.size() == 3);
+  REQUIRE(t.blocks[0].repeat == 2);
+  REQUIRE(t.records.size() == 3);
+  REQUIRE(t.shape(t.outputs(t.records[1])[0].shape)[0] == 3);
+  REQUIRE(t.records[2].n_outputs == 0);
+}
+
+TEST_CASE("take() during a matching iteration keeps the events so far", "[tracer]") {
+  Tracer tr;
+  TracerActivation on(tr);
+  op(tr, "relu");
+  op(tr, "gelu");
+  tr.next_iteration();
+  op(tr, "relu");
+  const Trace t = tr.take();
+  REQUIRE(t.blocks.size() == 2);
+  REQUIRE(t.records.size() == 3);
+  REQUIRE(t.name(t.records[2]) == "relu");
+  REQUIRE(t.blocks[1].count == 1);
 }
 
 TEST_CASE("iterations whose sequence numbers do not advance evenly are kept apart", "[tracer]") {
