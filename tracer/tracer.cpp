@@ -9,6 +9,13 @@
 #include <x86intrin.h>
 #endif
 
+// The per-event helpers of the matching path: inlined into their callers.
+#if defined(__GNUC__)
+#define COMMTRACE_HOT [[gnu::always_inline]] inline
+#else
+#define COMMTRACE_HOT inline
+#endif
+
 namespace commtrace {
 
 namespace {
@@ -95,7 +102,7 @@ void Tracer::set_params(int module,
 
 std::uint64_t Tracer::now() const { return ticks() - start_ticks_; }
 
-StrId Tracer::intern_static(const char* s) {
+COMMTRACE_HOT StrId Tracer::intern_static(const char* s) {
   StaticSlot& slot = static_cache_[(reinterpret_cast<std::uintptr_t>(s) >> 3) & 255];
   if (slot.ptr == s) return slot.id;
   auto [it, inserted] = static_ids_.try_emplace(s, 0);
@@ -130,8 +137,8 @@ MeshId Tracer::intern_mesh(const MeshInfo& m, std::uint64_t key) {
   return id;
 }
 
-bool Tracer::shape_matches(std::span<const std::int64_t> dims, const ShapeCache* cache,
-                           ShapeId id) {
+COMMTRACE_HOT bool Tracer::shape_matches(std::span<const std::int64_t> dims,
+                                         const ShapeCache* cache, ShapeId id) {
   ShapeId cached = 0;
   if (cache && cache->get(id_, cached)) return cached == id;
   const auto s = trace_.pools.shape(id);
@@ -145,7 +152,7 @@ bool Tracer::shape_matches(std::span<const std::int64_t> dims, const ShapeCache*
 
 // intern_arg's ids without interning: equal dims have equal ids, so a global shape equal to the
 // shape matches the shape's id whichever way the view gives it.
-bool Tracer::arg_matches(const ArgView& a, const TensorArg& t) {
+COMMTRACE_HOT bool Tracer::arg_matches(const ArgView& a, const TensorArg& t) {
   if (!shape_matches(a.shape, a.shape_cache, t.shape)) return false;
   if (a.global.empty() ? t.global_shape != t.shape
                        : !shape_matches(a.global, a.global_cache, t.global_shape)) {
