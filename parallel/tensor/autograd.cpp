@@ -52,8 +52,7 @@ bool needs_grad(std::span<const Tensor> inputs) {
   return false;
 }
 
-void attach_grad(Tensor& out, const char* name, std::span<const Tensor> inputs, BackwardFn fn) {
-  if (!needs_grad(inputs)) return;
+void attach_node(Tensor& out, const char* name, std::span<const Tensor> inputs, BackwardFn fn) {
   auto node = std::make_shared<Node>();
   node->name = name;
   node->backward = std::move(fn);

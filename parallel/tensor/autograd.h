@@ -52,11 +52,19 @@ class NoGradGuard {
 // True when grad mode is on and some input requires grad.
 bool needs_grad(std::span<const Tensor> inputs);
 
-// Makes `out` the result of a differentiable op on `inputs`, when needs_grad(inputs).
-void attach_grad(Tensor& out, const char* name, std::span<const Tensor> inputs, BackwardFn fn);
-inline void attach_grad(Tensor& out, const char* name, std::initializer_list<Tensor> inputs,
-                        BackwardFn fn) {
-  attach_grad(out, name, std::span<const Tensor>(inputs.begin(), inputs.size()), std::move(fn));
+// Makes `out` the result of a differentiable op on `inputs`. REQUIRES: needs_grad(inputs).
+void attach_node(Tensor& out, const char* name, std::span<const Tensor> inputs, BackwardFn fn);
+
+// attach_node when needs_grad(inputs); otherwise nothing (fn is never wrapped in a
+// BackwardFn, which would allocate).
+template <class F>
+void attach_grad(Tensor& out, const char* name, std::span<const Tensor> inputs, F&& fn) {
+  if (needs_grad(inputs)) attach_node(out, name, inputs, BackwardFn(std::forward<F>(fn)));
+}
+template <class F>
+void attach_grad(Tensor& out, const char* name, std::initializer_list<Tensor> inputs, F&& fn) {
+  attach_grad(out, name, std::span<const Tensor>(inputs.begin(), inputs.size()),
+              std::forward<F>(fn));
 }
 
 // The engine behind Tensor::backward. REQUIRES: root requires grad; grad is undefined only for

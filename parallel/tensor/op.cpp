@@ -70,8 +70,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   return out;
 }
 
-OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a,
-                    const OutSpec* specs, const ShardInfo* dist) {
+OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a, OutSpec* specs,
+                    const ShardInfo* dist) {
   const Tensor* first = nullptr;
   for (const Tensor& t : in) {
     if (!t.defined()) continue;
@@ -94,7 +94,7 @@ OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& 
       COMMTRACE_CHECK(numel(specs[0].shape) == first->numel(), ErrorCode::ShapeMismatch,
                       "{}: {} cannot be viewed as {}", op.name, describe(*first),
                       shape_str(specs[0].shape));
-      out[0].impl()->shape = specs[0].shape;
+      out[0].impl()->shape = std::move(specs[0].shape);
       break;
     }
     case OpDef::Result::InPlace:
@@ -104,7 +104,8 @@ OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& 
     case OpDef::Result::Fresh:
       for (int i = 0; i < op.n_outputs; ++i) {
         if (!specs[i].present) continue;
-        out[std::size_t(i)] = Tensor::empty(specs[i].shape, specs[i].dtype, first->device());
+        out[std::size_t(i)] =
+            Tensor::empty(std::move(specs[i].shape), specs[i].dtype, first->device());
       }
       op.run(in, a, {out.data(), std::size_t(op.n_outputs)}, dist);
       break;

@@ -110,8 +110,9 @@ inline Tensor dispatch1(const OpDef& op, std::span<const Tensor> in, const OpAtt
 
 // Runs op on local (plain) tensors with outputs of the given specs: the plain path of
 // dispatch(), and the DTensor path's step on the local shards. Records the local op.
-OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a,
-                    const OutSpec* specs, const ShardInfo* dist);
+// The specs' shapes are moved into the outputs.
+OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a, OutSpec* specs,
+                    const ShardInfo* dist);
 
 // The tracer's view of an op's defined inputs, as `view(tensor)` describes each; a transposed
 // operand (OpAttrs::transposed) is shown with its last two dims swapped in its shapes and shard

@@ -192,16 +192,19 @@ void dim_whole_linear(const RuleArgs& r, Strategies& s) {
   rules::follow(r, whole, true, false, s);
 }
 
+// Input 0's shape with dim i[0] of size i[2].
+void dim_replaced_shape(std::span<const Tensor> in, const OpAttrs& a, OutSpec* out) {
+  Shape s = in[0].shape();
+  s[std::size_t(a.i[0])] = a.i[2];
+  out[0] = OutSpec{s, in[0].dtype()};
+}
+
 const OpDef kSlice{
     "slice",
     "Tensor",
     EventKind::Trivial,
     1,
-    [](std::span<const Tensor> in, const OpAttrs& a, OutSpec* out) {
-      Shape s = in[0].shape();
-      s[std::size_t(a.i[0])] = a.i[2];
-      out[0] = OutSpec{s, in[0].dtype()};
-    },
+    dim_replaced_shape,
     dim_whole_linear,
     [](std::span<const Tensor> in, const OpAttrs& a, std::span<Tensor> out, const ShardInfo*) {
       kernels_of(out[0]).narrow(out[0].dtype(), in[0].data_ptr(), in[0].shape(), int(a.i[0]),
@@ -213,11 +216,7 @@ const OpDef kSliceBackward{
     "default",
     EventKind::Compute,
     1,
-    [](std::span<const Tensor> in, const OpAttrs& a, OutSpec* out) {
-      Shape s = in[0].shape();
-      s[std::size_t(a.i[0])] = a.i[2];
-      out[0] = OutSpec{s, in[0].dtype()};
-    },
+    dim_replaced_shape,
     dim_whole_linear,
     [](std::span<const Tensor> in, const OpAttrs& a, std::span<Tensor> out, const ShardInfo*) {
       const Kernels& k = kernels_of(out[0]);

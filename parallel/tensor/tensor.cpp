@@ -18,19 +18,17 @@ Storage::~Storage() { kernels_for(device_).deallocate(data_, bytes_, 0); }
 
 std::uint64_t Storage::allocations() { return g_allocations.load(std::memory_order_relaxed); }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   for (auto d : shape) {
     COMMTRACE_CHECK(d >= 0, ErrorCode::InvalidArgument, "empty: negative dim in shape {}",
                     shape_str(shape));
   }
   auto impl = std::make_shared<TensorImpl>();
-  impl->shape = shape;
+  const std::size_t bytes = std::size_t(commtrace::numel(shape)) * dtype_size(dtype);
+  impl->shape = std::move(shape);
   impl->dtype = dtype;
   impl->device = device;
-  if (device != Device::Meta) {
-    impl->storage =
-        std::make_shared<Storage>(std::size_t(commtrace::numel(shape)) * dtype_size(dtype), device);
-  }
+  if (device != Device::Meta) impl->storage = std::make_shared<Storage>(bytes, device);
   return Tensor(std::move(impl));
 }
 

@@ -63,7 +63,7 @@ class Tensor {
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
   // Uninitialized storage (zeros on meta: nothing).
-  static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::CPU);
+  static Tensor empty(Shape shape, DType dtype = DType::F32, Device device = Device::CPU);
   static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::CPU);
   static Tensor full(const Shape& shape, double value, DType dtype = DType::F32,
                      Device device = Device::CPU);

@@ -38,6 +38,30 @@ void BM_RecordEvent(benchmark::State& state) {
 }
 BENCHMARK(BM_RecordEvent);
 
+// The steady state of a traced training loop: iterations of 64 events, each iteration the same
+// as the one before, so every event is matched against its stored record (nothing is stored).
+void BM_RecordRepeatedEvent(benchmark::State& state) {
+  Tracer tr;
+  const Shape bias{16}, x{8, 10}, w{10, 16}, y{8, 16};
+  const ArgView ins[] = {{bias, {}, {}}, {x, {}, {}}, {w, {}, {}}};
+  const ArgView out{y, {}, {}};
+  EventView e;
+  e.kind = EventKind::Gemm;
+  e.name = "addmm";
+  e.inputs = ins;
+  e.outputs = {&out, 1};
+  int in_iteration = 0;
+  for (auto _ : state) {
+    tr.record(e, tr.now());
+    if (++in_iteration == 64) {
+      tr.next_iteration();
+      in_iteration = 0;
+    }
+  }
+  state.counters["stored"] = double(tr.record_count());
+}
+BENCHMARK(BM_RecordRepeatedEvent);
+
 // The bare kernel with the same allocation an op makes: the floor for OpUntraced.
 void BM_ReluKernel(benchmark::State& state) {
   const Tensor x = Tensor::full({state.range(0)}, 0.5);
@@ -88,8 +112,10 @@ void BM_TransformerStep(benchmark::State& state) {
 BENCHMARK(BM_TransformerStep)->Arg(0)->Arg(1)->ArgName("traced");
 
 // One transformer training step (forward, loss, backward, AdamW) on range(1) ranks of the
-// threads backend, TP plan, traced on every rank when range(0) == 1. Each benchmark iteration is
-// one launch running kSteps steps; the reported time is per step (set manually, setup excluded).
+// threads backend, TP plan, traced on every rank when range(0) == 1 (one tracer iteration per
+// step, as `commtrace run --iters` does). Each benchmark iteration is one launch running kSteps
+// steps; the reported time is per step (set manually, setup excluded). `commtrace bench step`
+// measures the same interleaved, with medians.
 void BM_TransformerStepParallel(benchmark::State& state) {
   constexpr int kSteps = 20;
   const bool traced = state.range(0) == 1;
@@ -107,9 +133,8 @@ void BM_TransformerStepParallel(benchmark::State& state) {
       if (traced) on.emplace(tr);
       const auto start = std::chrono::steady_clock::now();
       for (int i = 0; i < kSteps; ++i) {
-        opt.zero_grad();
-        forward_loss(s).loss.backward();
-        opt.step();
+        train_step(s, opt);
+        if (traced) tr.next_iteration();
       }
       if (ctx.rank() == 0) {
         seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
