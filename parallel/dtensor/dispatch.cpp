@@ -21,8 +21,13 @@ using PlacementRow = std::array<Placement, kMaxMeshDims>;
 // The chosen strategy: per input its target placements, per output its placements (the first
 // mesh.ndim() entries of each row).
 struct Choice {
-  std::array<PlacementRow, kMaxRuleInputs> inputs;
-  std::array<PlacementRow, kMaxOpOutputs> outputs;
+  Choice() {}  // NOLINT: rows are written before they are read; unions skip their construction
+  union {
+    PlacementRow inputs[kMaxRuleInputs];
+  };
+  union {
+    PlacementRow outputs[kMaxOpOutputs];
+  };
 };
 
 Choice choose(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a,

@@ -111,11 +111,12 @@ void BM_TransformerStep(benchmark::State& state) {
 }
 BENCHMARK(BM_TransformerStep)->Arg(0)->Arg(1)->ArgName("traced");
 
-// One transformer training step (forward, loss, backward, AdamW) on range(1) ranks of the
-// threads backend, TP plan, traced on every rank when range(0) == 1 (one tracer iteration per
-// step, as `commtrace run --iters` does). Each benchmark iteration is one launch running kSteps
-// steps; the reported time is per step (set manually, setup excluded). `commtrace bench step`
-// measures the same interleaved, with medians.
+// One transformer training step (forward, loss, backward, AdamW) at world size range(1), TP
+// plan, traced when range(0) == 1 (one tracer iteration per step, as `commtrace run --iters`
+// does). range(2) == 0: threads backend, every rank runs and is traced; 1: fake backend, rank 0
+// alone runs (its peers never wait). Each benchmark iteration is one launch running kSteps steps;
+// the time is rank 0's per step (set manually, setup excluded). `commtrace bench step` measures
+// the same interleaved, with medians.
 void BM_TransformerStepParallel(benchmark::State& state) {
   constexpr int kSteps = 20;
   const bool traced = state.range(0) == 1;
@@ -123,29 +124,38 @@ void BM_TransformerStepParallel(benchmark::State& state) {
   cfg.model = "transformer";
   cfg.plan = "tp";
   cfg.world_size = int(state.range(1));
+  LaunchOptions lo;
+  if (state.range(2) == 1) {
+    cfg.backend = lo.backend = "fake";
+    lo.ranks = {0};
+  }
   for (auto _ : state) {
     double seconds = 0;
-    launch(cfg.world_size, [&](RankContext& ctx) {
-      RankState s = setup_rank(ctx, cfg);
-      AdamW opt(s.model->parameters(), 1e-3);
-      Tracer tr(ctx.rank());
-      std::optional<TracerActivation> on;
-      if (traced) on.emplace(tr);
-      const auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < kSteps; ++i) {
-        train_step(s, opt);
-        if (traced) tr.next_iteration();
-      }
-      if (ctx.rank() == 0) {
-        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      }
-    });
+    launch(
+        cfg.world_size,
+        [&](RankContext& ctx) {
+          RankState s = setup_rank(ctx, cfg);
+          AdamW opt(s.model->parameters(), 1e-3);
+          Tracer tr(ctx.rank());
+          std::optional<TracerActivation> on;
+          if (traced) on.emplace(tr);
+          const auto start = std::chrono::steady_clock::now();
+          for (int i = 0; i < kSteps; ++i) {
+            train_step(s, opt);
+            if (traced) tr.next_iteration();
+          }
+          if (ctx.rank() == 0) {
+            seconds =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          }
+        },
+        lo);
     state.SetIterationTime(seconds / kSteps);
   }
 }
 BENCHMARK(BM_TransformerStepParallel)
-    ->ArgsProduct({{0, 1}, {2, 4}})
-    ->ArgNames({"traced", "world"})
+    ->ArgsProduct({{0, 1}, {2, 4}, {0, 1}})
+    ->ArgNames({"traced", "world", "fake"})
     ->UseManualTime();
 
 }  // namespace
