@@ -140,7 +140,7 @@ class Communicator {
   virtual void run(const CollectiveCall& call) = 0;
   virtual void run_p2p(std::span<const CollectiveCall> calls) = 0;
   // Devices whose tensors this backend can move; checked with the arguments, before recording.
-  virtual bool supports_device(Device d) const { return true; }
+  virtual bool supports_device(Device /*d*/) const { return true; }
 
  private:
   // The one entry: checks the call against its spec, numbers it, records it (when a tracer is

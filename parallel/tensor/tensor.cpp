@@ -9,12 +9,13 @@ namespace {
 std::atomic<std::uint64_t> g_allocations{0};
 }
 
-Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  data_ = kernels_for(device).allocate(bytes, 0);
+Storage::Storage(std::size_t bytes, Device device, int ordinal)
+    : bytes_(bytes), device_(device), ordinal_(ordinal) {
+  data_ = kernels_for(device).allocate(bytes, ordinal);
   g_allocations.fetch_add(1, std::memory_order_relaxed);
 }
 
-Storage::~Storage() { kernels_for(device_).deallocate(data_, bytes_, 0); }
+Storage::~Storage() { kernels_for(device_).deallocate(data_, bytes_, ordinal_); }
 
 std::uint64_t Storage::allocations() { return g_allocations.load(std::memory_order_relaxed); }
 

@@ -15,11 +15,14 @@
 
 namespace commtrace {
 
-// Bytes on one device, allocated and freed through kernels_for(device). Owner of the
-// allocation; counts every allocation for tests.
+// Bytes on one device (a type and an ordinal: which GPU), allocated and freed through
+// kernels_for(device) with that ordinal. Owner of the allocation; counts every allocation for
+// tests. The stream slot names the device stream whose queued work last wrote the bytes (null:
+// the default stream; always null on cpu): a backend with streams waits on it before it reads
+// the bytes on another stream.
 class Storage {
  public:
-  Storage(std::size_t bytes, Device device);
+  Storage(std::size_t bytes, Device device, int ordinal = 0);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -27,6 +30,9 @@ class Storage {
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  int ordinal() const { return ordinal_; }
+  void* stream() const { return stream_; }
+  void set_stream(void* s) { stream_ = s; }
 
   static std::uint64_t allocations();  // data allocations since start, all threads
 
@@ -34,6 +40,8 @@ class Storage {
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
   Device device_;
+  int ordinal_ = 0;
+  void* stream_ = nullptr;
 };
 
 struct Node;

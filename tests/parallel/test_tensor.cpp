@@ -137,6 +137,19 @@ TEST_CASE("views share storage", "[tensor]") {
   REQUIRE_THROWS_AS(view(x, {4, -1}), Error);
 }
 
+TEST_CASE("storage keeps its device ordinal and stream slot; a bad ordinal is refused",
+          "[tensor]") {
+  Storage s(64, Device::CPU);
+  REQUIRE(s.ordinal() == 0);
+  REQUIRE(s.stream() == nullptr);  // the default stream
+  int marker = 0;
+  s.set_stream(&marker);
+  REQUIRE(s.stream() == &marker);
+  const Error e = error_of([] { Storage bad(64, Device::CPU, 1); });
+  REQUIRE(e.code() == ErrorCode::InvalidArgument);
+  REQUIRE(contains(e.what(), "ordinal 1"));
+}
+
 TEST_CASE("meta tensors carry shape and dtype and allocate nothing", "[tensor][meta]") {
   const auto before = Storage::allocations();
   const Tensor a = Tensor::empty({1024, 1024}, DType::F32, Device::Meta);
