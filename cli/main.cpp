@@ -5,8 +5,10 @@
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "parallel/nn/models.h"
 #include "parallel/run/bench.h"
@@ -355,6 +357,24 @@ int cmd_check(CheckArgs& c) {
 }  // namespace
 }  // namespace commtrace
 
+namespace {
+// Prints "commtrace: <kind><what>" to stderr; never throws (stderr may be full or closed too).
+void print_error(const char* kind, const char* what) noexcept {
+  std::fputs("commtrace: ", stderr);
+  std::fputs(kind, stderr);
+  std::fputs(what, stderr);
+  std::fputs("\n", stderr);
+}
+
+// Exit status when stdout could not be written: 2 with the reason (a closed pipe ends the
+// process by SIGPIPE before this, as `| head` users expect).
+int stdout_failed() noexcept {
+  const int err = errno;
+  print_error("error: cannot write to standard output: ", std::strerror(err));
+  return 2;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace commtrace;
   CLI::App app{
@@ -484,22 +504,26 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  int rc = 0;
   try {
-    if (*models) return cmd_models();
-    if (*train_cmd) return cmd_train(train_args);
-    if (*run_cmd) return cmd_run(run_args);
-    if (*verify_cmd) return cmd_verify(verify_args);
-    if (*show_cmd) return cmd_show(show_args);
-    if (*diff_cmd) return cmd_diff(diff_args);
-    if (*check_cmd) return cmd_check(check_args);
-    if (*bench_step_cmd) return cmd_bench_step(bench_args);
-    if (*bench_ar_cmd) return cmd_bench_allreduce(bench_args);
+    if (*models) rc = cmd_models();
+    if (*train_cmd) rc = cmd_train(train_args);
+    if (*run_cmd) rc = cmd_run(run_args);
+    if (*verify_cmd) rc = cmd_verify(verify_args);
+    if (*show_cmd) rc = cmd_show(show_args);
+    if (*diff_cmd) rc = cmd_diff(diff_args);
+    if (*check_cmd) rc = cmd_check(check_args);
+    if (*bench_step_cmd) rc = cmd_bench_step(bench_args);
+    if (*bench_ar_cmd) rc = cmd_bench_allreduce(bench_args);
   } catch (const Error& e) {
-    fmt::print(stderr, "commtrace: error: {}\n", e.what());
+    print_error("error: ", e.what());
     return 2;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "commtrace: internal error: {}\n", e.what());
+    if (std::ferror(stdout)) return stdout_failed();
+    print_error("internal error: ", e.what());
     return 2;
   }
-  return 0;
+  // Buffered output is written here: a write that fails (a full disk) is an error, not success.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) return stdout_failed();
+  return rc;
 }
