@@ -7,6 +7,7 @@
 #   BUILD_DIR   build directory, relative to the repository root or absolute (default: build)
 #   CMAKE_ARGS  extra arguments for the configure step, split on spaces
 #               (e.g. CMAKE_ARGS="-DCOMMTRACE_WITH_CUDA=OFF -DCOMMTRACE_BUILD_BENCH=OFF")
+#   TARGETS     targets to build, split on spaces (default: all)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -57,4 +58,7 @@ if [[ -f "$BUILD_DIR/CMakeCache.txt" ]]; then
 fi
 
 cmake -S . -B "$BUILD_DIR" "${generator_args[@]}" -DCMAKE_BUILD_TYPE=Release "${extra_args[@]}"
-cmake --build "$BUILD_DIR" -j"$(nproc)"
+read -r -a targets <<<"${TARGETS:-}"
+target_args=()
+if ((${#targets[@]} > 0)); then target_args=(--target "${targets[@]}"); fi
+cmake --build "$BUILD_DIR" -j"$(nproc)" "${target_args[@]}"

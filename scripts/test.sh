@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds commtrace (scripts/setup.sh) and runs the whole test suite with ctest.
-# The exit status is ctest's.
+# Builds commtrace (scripts/setup.sh) and runs the whole test suite with ctest, then the same
+# suite under AddressSanitizer + UndefinedBehaviorSanitizer and the threaded runtime's tests
+# (communicators, DTensor, styles, the runner's verify) under ThreadSanitizer, each in its own
+# build directory. SANITIZERS=0 skips the sanitizer builds. Exits non-zero on the first failure.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -9,3 +11,14 @@ BUILD_DIR="${BUILD_DIR:-build}"
 bash scripts/setup.sh
 
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j2
+
+if [[ "${SANITIZERS:-1}" != 0 ]]; then
+  common="-DCOMMTRACE_WITH_CUDA=OFF -DCOMMTRACE_BUILD_BENCH=OFF"
+  echo "test: ASan + UBSan build (build-asan)"
+  BUILD_DIR=build-asan CMAKE_ARGS="-DCOMMTRACE_ASAN=ON $common" bash scripts/setup.sh
+  ctest --test-dir build-asan --output-on-failure -j2 -E '^oracle:'
+  echo "test: TSan build (build-tsan)"
+  BUILD_DIR=build-tsan CMAKE_ARGS="-DCOMMTRACE_TSAN=ON $common" TARGETS=test_parallel \
+    bash scripts/setup.sh
+  build-tsan/tests/parallel/test_parallel "[comm],[dtensor],[style],[verify]"
+fi
