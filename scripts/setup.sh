@@ -16,6 +16,7 @@ BUILD_DIR="${BUILD_DIR:-build}"
 PACKAGES=(
   build-essential cmake ninja-build python3
   nlohmann-json3-dev libfmt-dev libcli11-dev catch2 libopenblas-dev libbenchmark-dev
+  clang libclang-rt-dev  # libFuzzer and the sanitizers' runtimes for scripts/fuzz.sh
 )
 
 # True when dpkg reports the package fully installed (not just "config-files" left behind).

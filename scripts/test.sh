@@ -2,7 +2,9 @@
 # Builds commtrace (scripts/setup.sh) and runs the whole test suite with ctest, then the same
 # suite under AddressSanitizer + UndefinedBehaviorSanitizer and the threaded runtime's tests
 # (communicators, DTensor, styles, the runner's verify) under ThreadSanitizer, each in its own
-# build directory. SANITIZERS=0 skips the sanitizer builds. Exits non-zero on the first failure.
+# build directory, and last the libFuzzer targets of every reader (scripts/fuzz.sh,
+# FUZZ_SECONDS each, default 60). SANITIZERS=0 skips the sanitizer and fuzz builds. Exits
+# non-zero on the first failure.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,4 +23,5 @@ if [[ "${SANITIZERS:-1}" != 0 ]]; then
   BUILD_DIR=build-tsan CMAKE_ARGS="-DCOMMTRACE_TSAN=ON $common" TARGETS=test_parallel \
     bash scripts/setup.sh
   build-tsan/tests/parallel/test_parallel "[comm],[dtensor],[style],[verify]"
+  bash scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
 fi

@@ -170,7 +170,7 @@ std::int64_t JsonReader::integer(const Json& j, const JsonPath& path, std::int64
                                  std::int64_t hi) const {
   if (j.is_number_unsigned()) {
     const std::uint64_t v = j.get<std::uint64_t>();
-    if (hi < 0 || v > std::uint64_t(hi)) {
+    if (hi < 0 || v > std::uint64_t(hi) || (lo > 0 && v < std::uint64_t(lo))) {
       fail(path, fmt::format("{} is out of range [{}, {}]", v, lo, hi));
     }
     return std::int64_t(v);
