@@ -6,9 +6,12 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "parallel/nn/models.h"
 #include "parallel/run/bench.h"
@@ -25,6 +28,36 @@
 
 namespace commtrace {
 namespace {
+
+// Option checks with short messages (CLI11's numeric ranges print 309-digit bounds) that refuse
+// what a conversion would silently change: a negative seed wrapping, inf or nan as a rate.
+CLI::Validator positive_finite() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (end == s.c_str() || *end != '\0' || !std::isfinite(v) || v <= 0) {
+          return "must be a positive finite number, got " + s;
+        }
+        return {};
+      },
+      "POSITIVE");
+}
+
+// A whole number in [lo, hi], written in decimal digits.
+CLI::Validator whole_number(std::uint64_t lo, std::uint64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        std::uint64_t v = 0;
+        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (s.empty() || ec != std::errc() || end != s.data() + s.size() || v < lo || v > hi) {
+          return fmt::format("must be a whole number in [{}, {}], got {}", lo, hi, s);
+        }
+        return {};
+      },
+      fmt::format("UINT in [{}, {}]", lo, hi));
+}
+constexpr std::uint64_t kMaxSeed = std::numeric_limits<std::uint64_t>::max();
 
 // Colour only on a terminal and never with NO_COLOR set.
 bool use_color() { return isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr; }
@@ -82,7 +115,9 @@ struct ParallelArgs {
     c->add_option("--mesh", mesh, "Mesh shape: N, or DPxTP for data parallel × plan (e.g. 2x2)");
     c->add_flag("--input-requires-grad", cfg.input_requires_grad,
                 "The model input requires grad (backward collectives for its gradient)");
-    c->add_option("--seed", cfg.seed, "Seed of weights and batch")->capture_default_str();
+    c->add_option("--seed", cfg.seed, "Seed of weights and batch")
+        ->capture_default_str()
+        ->check(whole_number(0, kMaxSeed));
     c->add_option("--dtype", dtype, "f32 or f64")
         ->capture_default_str()
         ->check(CLI::IsMember({"f32", "f64"}));
@@ -391,10 +426,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   train_cmd->add_option("--steps", train_args.opts.steps, "Training steps")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, 1000000));
   train_cmd->add_option("--lr", train_args.opts.lr, "Learning rate")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_finite());
   train_cmd->add_option("--optimizer", train_args.opts.optimizer, "adamw or sgd")
       ->capture_default_str()
       ->check(CLI::IsMember({"adamw", "sgd"}));
@@ -405,7 +440,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "f64"}));
   train_cmd->add_option("--seed", train_args.opts.seed, "Seed of weights and batch")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(whole_number(0, kMaxSeed));
 
   RunArgs run_args;
   run_args.p.cfg.model = "transformer";
@@ -416,7 +452,7 @@ int main(int argc, char** argv) {
   run_args.view.add_to(run_cmd);
   run_cmd->add_option("--iters", run_args.iters, "Training iterations")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, 1000000));
   run_cmd->add_option("--device", run_args.p.device, "cpu, or meta (with --backend fake)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "meta"}));
@@ -425,7 +461,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"threads", "fake"}));
   run_cmd->add_option("--rank", run_args.rank, "Rank to show, or 'all' (checks consistency)")
       ->capture_default_str();
-  run_cmd->add_option("--lr", run_args.lr, "AdamW learning rate")->capture_default_str();
+  run_cmd->add_option("--lr", run_args.lr, "AdamW learning rate")
+      ->capture_default_str()
+      ->check(positive_finite());
   run_cmd->add_option("--json", run_args.json, "Write commtrace's trace JSON (all traced ranks)");
   run_cmd->add_flag("--pretty", run_args.pretty, "Indent the --json file (compact by default)");
   run_cmd->add_option("--torch-json", run_args.torch_json,
@@ -439,7 +477,7 @@ int main(int argc, char** argv) {
   verify_args.p.add_to(verify_cmd);
   verify_cmd->add_option("--tolerance", verify_args.tolerance, "Max relative error")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_finite());
 
   ShowArgs show_args;
   auto* show_cmd = app.add_subcommand("show", "Render a saved trace (ours or a PyTorch dump)");
