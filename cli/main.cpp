@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "parallel/nn/models.h"
 #include "parallel/run/bench.h"
@@ -237,13 +238,25 @@ int cmd_run(RunArgs& a) {
   std::fflush(head);
   a.view.print(t);
 
+  // Every output is written to its temporary file first; the files replace their targets only
+  // when all were written, so a failure leaves every target as it was.
+  std::optional<AtomicFile> json_file, torch_file;
   if (!a.json.empty()) {
-    write_trace_file(a.json, traces, a.pretty);
+    json_file.emplace(a.json);
+    write_trace_json(
+        traces, [&](std::string_view s) { json_file->write(s); }, a.pretty);
+  }
+  if (!a.torch_json.empty()) {
+    torch_file.emplace(a.torch_json);
+    torch_file->write(torch_json_dump(t, a.view.noise));
+  }
+  if (json_file) {
+    json_file->commit();
     fmt::print(head, "wrote {} ({} rank{})\n", a.json, traces.size(),
                traces.size() == 1 ? "" : "s");
   }
-  if (!a.torch_json.empty()) {
-    write_text_file(a.torch_json, torch_json_dump(t, a.view.noise));
+  if (torch_file) {
+    torch_file->commit();
     fmt::print(head, "wrote {} (PyTorch generate_json_dump, noise {})\n", a.torch_json,
                a.view.noise);
   }
