@@ -407,10 +407,21 @@ int cmd_check(CheckArgs& c) {
 
 namespace {
 // Prints "commtrace: <kind><what>" to stderr; never throws (stderr may be full or closed too).
+// Control characters in the message (from an argument or a file) are shown as \xNN, so a
+// message cannot carry a terminal escape sequence.
 void print_error(const char* kind, const char* what) noexcept {
   std::fputs("commtrace: ", stderr);
   std::fputs(kind, stderr);
-  std::fputs(what, stderr);
+  for (const char* p = what; *p != '\0'; ++p) {
+    const auto c = static_cast<unsigned char>(*p);
+    const bool c1 = c == 0xc2 && static_cast<unsigned char>(p[1]) >= 0x80 &&
+                    static_cast<unsigned char>(p[1]) <= 0x9f;
+    if (c < 0x20 || c == 0x7f || c1) {
+      std::fprintf(stderr, "\\x%02x", c1 ? static_cast<unsigned char>(*++p) : c);
+    } else {
+      std::fputc(c, stderr);
+    }
+  }
   std::fputs("\n", stderr);
 }
 

@@ -72,7 +72,41 @@ Json JsonReader::parse(std::string_view text, std::string_view expected) const {
   }
   COMMTRACE_CHECK(root.is_object(), ErrorCode::InvalidArgument, "{}: expected {}, got {}", source_,
                   expected, type_name(root));
+  check_printable(root, JsonPath());
   return root;
+}
+
+namespace {
+// The first control character of s (C0, DEL, or C1 encoded as UTF-8), or -1 when none.
+int control_char(std::string_view s) {
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) return c;
+    if (c == 0xc2 && i + 1 < s.size()) {
+      const auto n = static_cast<unsigned char>(s[i + 1]);
+      if (n >= 0x80 && n <= 0x9f) return n;
+    }
+  }
+  return -1;
+}
+}  // namespace
+
+// Names and texts of a file reach terminals (show, diff, errors): a control character (an ANSI
+// or OSC escape sequence) is refused rather than printed. Recursion is bounded by the nesting
+// limit checked before parsing.
+void JsonReader::check_printable(const Json& j, const JsonPath& path) const {
+  if (j.is_string()) {
+    const int c = control_char(j.get_ref<const std::string&>());
+    if (c >= 0) fail(path, fmt::format("control character U+{:04X} in a string", c));
+  } else if (j.is_object()) {
+    for (const auto& [key, value] : j.items()) {
+      const int c = control_char(key);
+      if (c >= 0) fail(path, fmt::format("control character U+{:04X} in a key", c));
+      check_printable(value, path.key(key.c_str()));
+    }
+  } else if (j.is_array()) {
+    for (std::size_t i = 0; i < j.size(); ++i) check_printable(j[i], path.index(i));
+  }
 }
 
 int JsonReader::check_header(const Json& root, std::string_view schema,

@@ -51,7 +51,9 @@ class JsonReader {
   explicit JsonReader(std::string source) : source_(std::move(source)) {}
   const std::string& source() const { return source_; }
 
-  // Parses text. REQUIRES a JSON object at the top ("<source>: expected <expected>, got <type>").
+  // Parses text. REQUIRES a JSON object at the top ("<source>: expected <expected>, got <type>")
+  // and no control character in any string or key (terminal escapes), nested at most
+  // kMaxJsonDepth levels.
   Json parse(std::string_view text, std::string_view expected) const;
   // The header by the one policy: "schema" equal to `schema`, "version" "<major>.<minor>" with a
   // major among `supported` ({major, minor} this build writes for each major it reads).
@@ -95,6 +97,8 @@ class JsonReader {
   }
 
  private:
+  void check_printable(const Json& j, const JsonPath& path) const;
+
   std::string source_;
   bool strict_ = true;
   std::string version_;

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "parallel/plans/style.h"
 #include "parallel/run/runner.h"
 #include "report/baseline.h"
 #include "report/trace_json.h"
@@ -260,6 +261,26 @@ TEST_CASE("trace json: version 1.x files of earlier releases still load", "[repo
   // Written back as 2.0 and read again: the same trace.
   const std::vector<Trace> again = read_trace_json(trace_json_string(old), "again.json");
   require_same(t, again[0]);
+}
+
+TEST_CASE("trace json: control characters are refused, not printed", "[report][json]") {
+  json j = json::parse(text_of_toy_tp());
+  SECTION("an escape sequence in a module name") {
+    j["ranks"][0]["modules"][1]["fqn"] = "Toy\x1b]0;title\x07Model";
+    REQUIRE(message_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
+            "t.json: ranks[0].modules[1].fqn: control character U+001B in a string");
+  }
+  SECTION("a C1 control (CSI) in a metadata key") {
+    j["metadata"]["model\u009b31m"] = "x";
+    REQUIRE(message_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
+            "t.json: metadata: control character U+009B in a key");
+  }
+  SECTION("every reader shares the check: a plan") {
+    const std::string plan =
+        R"({"schema": "commtrace.plan", "version": "1.0", "name": "x\u001b[2J", "plan": {}})";
+    REQUIRE(message_of([&] { plan_from_json_text(plan, "p.json"); }) ==
+            "p.json: name: control character U+001B in a string");
+  }
 }
 
 TEST_CASE("trace json: versions", "[report][json]") {
