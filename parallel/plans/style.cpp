@@ -59,7 +59,16 @@ void distribute_all(Module& m, const std::shared_ptr<const DeviceMesh>& mesh,
 bool is_linear(const Module& m) { return dynamic_cast<const Linear*>(&m) != nullptr; }
 bool is_embedding(const Module& m) { return dynamic_cast<const Embedding*>(&m) != nullptr; }
 
-Placement normalized(Placement p, int rank) { return normalize_placements({p}, rank, "layout")[0]; }
+// p with a negative shard dim counted from the end of a rank-`rank` tensor. InvalidArgument
+// naming the module, style and layout (`who`) when the dim does not fit the tensor.
+Placement normalized(Placement p, int rank, const Reason& who) {
+  if (!p.is_shard()) return p;
+  const int d = p.dim < 0 ? p.dim + rank : p.dim;
+  COMMTRACE_CHECK(d >= 0 && d < rank, ErrorCode::InvalidArgument,
+                  "{}: {} is out of range for a {}-d tensor", who.str(), p.str(), rank);
+  p.dim = d;
+  return p;
+}
 
 // The reasons a style's collectives carry, built once when the style is applied.
 struct StyleReasons {
@@ -78,17 +87,18 @@ Tensor prepare_input(const Tensor& x, const std::shared_ptr<const DeviceMesh>& m
                      Placement layout, Placement desired, const StyleReasons& why) {
   Tensor d = x;
   if (!is_dtensor(d)) {
-    d = from_local(x, mesh, {normalized(layout, x.dim())}, std::nullopt, why.input_grad);
+    d = from_local(x, mesh, {normalized(layout, x.dim(), why.input)}, std::nullopt, why.input_grad);
   }
-  if (!(normalized(layout, d.dim()) == normalized(desired, d.dim()))) {
-    d = redistribute(d, {normalized(desired, d.dim())}, why.input);
+  const Placement want = normalized(desired, d.dim(), why.input);
+  if (!(normalized(layout, d.dim(), why.input) == want)) {
+    d = redistribute(d, {want}, why.input);
   }
   return d;
 }
 
 Tensor prepare_output(const Tensor& y, Placement layout, bool use_local, const StyleReasons& why) {
   Tensor d = y;
-  const Placement want = normalized(layout, d.dim());
+  const Placement want = normalized(layout, d.dim(), why.output);
   if (!(dist_of(d).placements == Placements{want})) d = redistribute(d, {want}, why.output);
   return use_local ? to_local(d) : d;
 }
@@ -182,9 +192,10 @@ void SequenceParallel::apply(Module& m, const std::shared_ptr<const DeviceMesh>&
   distribute_all(m, mesh, {Placement::replicate()});
   const Reason input_grad(
       fmt::format("{} input grad (from_local backward, SequenceParallel)", m.fqn()));
+  const Reason input(fmt::format("{} input (SequenceParallel sequence_dim)", m.fqn()));
   m.add_pre_hook([=, dim = sequence_dim](Module&, const Tensor& x) {
     if (is_dtensor(x)) return x;
-    return from_local(x, mesh, {normalized(Placement::shard(dim), x.dim())}, std::nullopt,
+    return from_local(x, mesh, {normalized(Placement::shard(dim), x.dim(), input)}, std::nullopt,
                       input_grad);
   });
   if (use_local_output) {
@@ -221,7 +232,7 @@ void PrepareModuleOutput::apply(Module& m, const std::shared_ptr<const DeviceMes
   m.add_post_hook([=, out = output_layout, want = desired_output_layout, local = use_local_output](
                       Module&, const Tensor&, const Tensor& y) {
     Tensor d = y;
-    if (!is_dtensor(d)) d = from_local(y, mesh, {normalized(out, y.dim())});
+    if (!is_dtensor(d)) d = from_local(y, mesh, {normalized(out, y.dim(), why.output)});
     return prepare_output(d, want, local, why);
   });
 }
