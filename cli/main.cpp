@@ -122,6 +122,10 @@ struct ParallelArgs {
     c->add_option("--dtype", dtype, "f32 or f64")
         ->capture_default_str()
         ->check(CLI::IsMember({"f32", "f64"}));
+    c->add_option("--timeout", cfg.timeout_s,
+                  "Seconds a rank waits for the others of its group before the run fails")
+        ->capture_default_str()
+        ->check(positive_finite());
   }
   void resolve() {
     if (!mesh.empty()) cfg.mesh = parse_mesh_shape(mesh);

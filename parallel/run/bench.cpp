@@ -50,6 +50,7 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
   std::mutex mu;
   LaunchOptions lo;
   lo.backend = cfg.backend;
+  lo.timeout_s = cfg.timeout_s;
   if (cfg.backend == "fake") lo.ranks = {0};  // ranks never wait for each other: run one
   const int running = cfg.backend == "fake" ? 1 : cfg.world_size;
   result.traced_ranks = o.trace_all_ranks ? running : 1;

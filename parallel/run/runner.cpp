@@ -166,6 +166,7 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
   std::mutex mu;
   LaunchOptions lo;
   lo.backend = cfg.backend;
+  lo.timeout_s = cfg.timeout_s;
   if (cfg.backend == "fake") lo.ranks = traced;
   launch(
       cfg.world_size,
@@ -280,6 +281,7 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
   std::mutex mu;
   LaunchOptions lo;
   lo.backend = "threads";
+  lo.timeout_s = cfg.timeout_s;
   launch(
       cfg.world_size,
       [&](RankContext& ctx) {

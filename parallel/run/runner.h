@@ -25,6 +25,7 @@ struct ParallelConfig {
   std::uint64_t seed = 0;
   ModuleOptions module;  // dtype and device of parameters and batch
   std::string backend = "threads";
+  double timeout_s = 60.0;  // threads backend: longest wait for the other ranks of a group
 };
 
 // The mesh shape of a config, checked against the world size.
