@@ -231,7 +231,7 @@ class ThreadsCommunicator final : public Communicator {
                       "rank {} timed out after {}s waiting for ranks {{{}}} at recv seq {} on "
                       "group '{}'",
                       global_rank_, backend_->timeout_s(), peer_global, seq, g.name);
-      g.cv.wait_for(lock, kWaitSlice);
+      g.cv.wait_until(lock, deadline);
     }
     Posted& p = *box.front();
     box.pop_front();
@@ -276,7 +276,7 @@ class ThreadsCommunicator final : public Communicator {
                         "rank {} timed out after {}s waiting for ranks {{{}}} at send seq {} on "
                         "group '{}'",
                         global_rank_, backend_->timeout_s(), peer_global, p.seq, g.name);
-        g.cv.wait_for(lock, kWaitSlice);
+        g.cv.wait_until(lock, deadline);
       }
       if (!p.error.empty()) throw Error(ErrorCode::InvalidArgument, p.error);
     }
@@ -294,7 +294,7 @@ class ThreadsCommunicator final : public Communicator {
         box.erase(std::remove(box.begin(), box.end(), &p), box.end());
         p.state = Posted::State::Taken;
       }
-      while (p.state == Posted::State::Copying) g.cv.wait_for(lock, kWaitSlice);
+      while (p.state == Posted::State::Copying) g.cv.wait(lock);
     }
   }
 
@@ -326,7 +326,16 @@ class ThreadsCommunicator final : public Communicator {
     me.desc = d;
     me.in = in;
     me.out = out;
-    g.cv.notify_all();
+    if (g.arrive_seq != seq) {
+      g.arrive_seq = seq;
+      g.arrived = 0;
+      g.first = std::size_t(rank());
+    }
+    // A call that differs from the first rank's never counts: the group cannot complete, and
+    // wait_for_arrival reports the mismatch (every rank that differs from another does, so some
+    // rank sees any mismatch here).
+    const bool counted = g.slots[g.first].desc == d;
+    if (counted && ++g.arrived == n) g.cv.notify_all();  // the last to arrive wakes the others
     try {
       wait_for_arrival(lock, d, seq);
     } catch (const std::exception& e) {
@@ -334,6 +343,7 @@ class ThreadsCommunicator final : public Communicator {
       // this rank's buffers as ready, so they may be freed. desc stays for mismatch reports;
       // the error tells the peers still waiting why this rank is gone.
       me.active = false;
+      if (counted) --g.arrived;
       if (dynamic_cast<const PeerAborted*>(&e) == nullptr) {  // the abort flag tells them already
         me.left = seq + 1;
         me.left_error = e.what();
@@ -356,15 +366,15 @@ class ThreadsCommunicator final : public Communicator {
 
     lock.lock();
     me.done = seq + 1;
-    g.cv.notify_all();
+    if (g.done_seq != seq) {
+      g.done_seq = seq;
+      g.done = 0;
+    }
+    if (++g.done == n) g.cv.notify_all();
     // Every rank of the group arrived and a data step never blocks, so this wait ends. It does
     // not stop on the abort flag or a timeout: leaving early would let this rank free a buffer
     // a peer is still reading or writing.
-    auto all_done = [&] {
-      return std::all_of(g.slots.begin(), g.slots.end(),
-                         [&](const Slot& s) { return s.done >= seq + 1; });
-    };
-    while (!all_done()) g.cv.wait_for(lock, kWaitSlice);
+    while (!(g.done_seq == seq && g.done == n)) g.cv.wait(lock);
     me.active = false;
     lock.unlock();
     if (error) std::rethrow_exception(error);
@@ -377,6 +387,10 @@ class ThreadsCommunicator final : public Communicator {
     const auto deadline = deadline_from_now();
     std::vector<int> missing;
     for (;;) {
+      // Complete: every rank posted a call equal to the first one's. Checked before the abort
+      // flag: once every rank arrived, all of them go on together, so nobody frees a buffer a
+      // peer is about to read.
+      if (g.arrive_seq == seq && g.arrived == n) return;
       for (std::size_t j = 0; j < n; ++j) {
         const Slot& s = g.slots[j];
         if (int(j) == rank() || s.posted != seq + 1 || s.desc == d) continue;
@@ -395,9 +409,6 @@ class ThreadsCommunicator final : public Communicator {
         const Slot& s = g.slots[j];
         if (!(s.posted == seq + 1 && s.active)) missing.push_back(g.ranks[j]);
       }
-      // Ready is checked before the abort flag: once every rank arrived, all of them go on
-      // together, so nobody frees a buffer that a peer is about to read.
-      if (missing.empty()) return;
       check_abort();
       for (std::size_t j = 0; j < n; ++j) {
         const Slot& s = g.slots[j];
@@ -416,7 +427,7 @@ class ThreadsCommunicator final : public Communicator {
                       "'{}'",
                       global_rank_, backend_->timeout_s(), rank_set(missing), collective_name(d.op),
                       seq, g.name);
-      g.cv.wait_for(lock, kWaitSlice);
+      g.cv.wait_until(lock, deadline);
     }
   }
 

@@ -16,9 +16,6 @@
 namespace commtrace::threads {
 
 using Clock = std::chrono::steady_clock;
-// Longest a wait sleeps before it looks at the abort flag, finished ranks and its deadline again
-// (state changes also notify the condvar, so most waits end sooner).
-constexpr auto kWaitSlice = std::chrono::milliseconds(10);
 
 // What a rank asks for at one sequence number; every rank of the group must ask for the same.
 struct CallDesc {
@@ -73,8 +70,16 @@ struct GroupState {
   const std::string name;
   const std::vector<int> ranks;  // global ranks in group order
   std::mutex mu;                 // guards everything below
-  std::condition_variable cv;    // notified on every change
+  // Notified when a collective's group becomes complete (all arrived, all done), when a rank
+  // leaves a call with an error, on mailbox changes, and by the Job (abort, a finished rank).
+  // Waits sleep until then or their deadline: no polling, and one wake-up per waiter and phase.
+  std::condition_variable cv;
   std::vector<Slot> slots;
+  // Ranks that arrived at (and finished the data step of) collective `seq`. One collective is in
+  // flight per group: nobody arrives at seq + 1 before everyone left seq.
+  std::uint64_t arrive_seq = ~std::uint64_t(0), done_seq = ~std::uint64_t(0);
+  std::size_t arrived = 0, done = 0;
+  std::size_t first = 0;  // the group rank that arrived first at arrive_seq
   std::map<std::pair<int, int>, std::deque<Posted*>> mail;  // (src, dst) group ranks
 };
 
