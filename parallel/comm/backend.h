@@ -29,7 +29,7 @@ class PeerAborted : public Error {
 
 class Job {
  public:
-  explicit Job(int world_size);
+  Job(int world_size, int launched);  // launched: how many ranks run
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
 
@@ -46,6 +46,8 @@ class Job {
   bool finished(int rank) const {
     return finished_[std::size_t(rank)].load(std::memory_order_acquire);
   }
+  // Ranks launched and not finished yet (a rank that is seen counted out is seen finished).
+  int running() const { return running_.load(std::memory_order_acquire); }
 
   // Called on the abort and on every finish, so waits look at the state now (a backend
   // registers its waker here).
@@ -65,6 +67,7 @@ class Job {
 
   int world_size_;
   std::unique_ptr<std::atomic<bool>[]> finished_;
+  std::atomic<int> running_;
   std::atomic<bool> aborted_{false};
   std::string abort_message_;  // written once, before aborted_ is set
   mutable std::mutex mu_;      // guards failures_ and wake_

@@ -79,8 +79,10 @@ std::vector<std::string> backend_names() { return names_of(kBackends); }
 
 // ---------------------------------------------------------------- Job
 
-Job::Job(int world_size)
-    : world_size_(world_size), finished_(new std::atomic<bool>[std::size_t(world_size)]) {
+Job::Job(int world_size, int launched)
+    : world_size_(world_size),
+      finished_(new std::atomic<bool>[std::size_t(world_size)]),
+      running_(launched) {
   for (int r = 0; r < world_size; ++r) finished_[std::size_t(r)].store(false);
 }
 
@@ -127,6 +129,7 @@ void Job::rank_failed(int rank, std::exception_ptr error) {
 
 void Job::rank_finished(int rank) {
   finished_[std::size_t(rank)].store(true, std::memory_order_release);
+  running_.fetch_sub(1, std::memory_order_acq_rel);
   wake();
 }
 
@@ -212,7 +215,7 @@ void launch(int world_size, const std::function<void(RankContext&)>& fn,
                   ErrorCode::InvalidArgument,
                   "launch: the {} backend runs every rank; {} of {} requested", backend->name,
                   ranks.size(), world_size);
-  auto job = std::make_shared<Job>(world_size);
+  auto job = std::make_shared<Job>(world_size, int(ranks.size()));
   launcher->run(backend->make(job, options), ranks, fn);
   job->rethrow_first_error();
 }

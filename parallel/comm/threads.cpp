@@ -49,8 +49,11 @@ class ThreadsBackend final : public CommBackend,
                              public std::enable_shared_from_this<ThreadsBackend> {
  public:
   ThreadsBackend(std::shared_ptr<Job> job, double timeout_s)
-      : CommBackend(std::move(job), "threads"), timeout_s_(timeout_s) {}
+      : CommBackend(std::move(job), "threads"),
+        timeout_s_(timeout_s),
+        waits_(CommBackend::job().world_size()) {}
   double timeout_s() const { return timeout_s_; }
+  WaitGraph& waits() { return waits_; }
 
   // Wakes every wait so it sees the abort flag or a finished rank now.
   void wake_all() {
@@ -72,6 +75,7 @@ class ThreadsBackend final : public CommBackend,
 
  private:
   double timeout_s_;
+  WaitGraph waits_;
   std::mutex groups_mu_;
   std::map<std::string, std::shared_ptr<GroupState>> groups_;  // by name + ranks
 };
@@ -200,6 +204,7 @@ class ThreadsCommunicator final : public Communicator {
         p.data = p.bytes ? data_of(*c.in) : nullptr;
         posted_peer.push_back(c.peer);
         g.mail[{rank(), c.peer}].push_back(&p);
+        backend_->waits().unblock(ranks()[std::size_t(c.peer)]);  // a receiver's wait ends
       }
       g.cv.notify_all();
     }
@@ -221,7 +226,11 @@ class ThreadsCommunicator final : public Communicator {
     std::unique_lock<std::mutex> lock(g.mu);
     std::deque<Posted*>& box = g.mail[{peer, rank()}];
     const auto deadline = deadline_from_now();
+    BlockedScope blocked(backend_->waits(), global_rank_);
     while (box.empty()) {
+      const std::string cycle = blocked.block(
+          fmt::format("recv seq {} from rank {} on group '{}'", seq, peer_global, g.name),
+          backend_->job().running());
       check_abort();
       COMMTRACE_CHECK(!backend_->job().finished(peer_global), ErrorCode::InvalidArgument,
                       "rank {} waits in recv seq {} from rank {} on group '{}', but rank {} "
@@ -231,6 +240,7 @@ class ThreadsCommunicator final : public Communicator {
                       "rank {} timed out after {}s waiting for ranks {{{}}} at recv seq {} on "
                       "group '{}'",
                       global_rank_, backend_->timeout_s(), peer_global, seq, g.name);
+      if (!cycle.empty()) throw Error(ErrorCode::InvalidArgument, cycle);
       g.cv.wait_until(lock, deadline);
     }
     Posted& p = *box.front();
@@ -247,6 +257,7 @@ class ThreadsCommunicator final : public Communicator {
                     g.name, seq, peer_global, dtype_name(p.dtype), shape_str(p.shape), global_rank_,
                     describe(t));
       p.state = Posted::State::Taken;
+      backend_->waits().unblock(peer_global);  // the sender's wait ends
       g.cv.notify_all();
       throw Error(p.seq != seq ? ErrorCode::Internal : ErrorCode::InvalidArgument, p.error);
     }
@@ -255,6 +266,7 @@ class ThreadsCommunicator final : public Communicator {
     if (p.bytes > 0) std::memcpy(data_of(t), p.data, p.bytes);
     lock.lock();
     p.state = Posted::State::Taken;
+    backend_->waits().unblock(peer_global);  // the sender's wait ends
     g.cv.notify_all();
   }
 
@@ -263,10 +275,14 @@ class ThreadsCommunicator final : public Communicator {
     GroupState& g = *state_;
     std::unique_lock<std::mutex> lock(g.mu);
     const auto deadline = deadline_from_now();
+    BlockedScope blocked(backend_->waits(), global_rank_);
     for (std::size_t i = 0; i < posted.size(); ++i) {
       Posted& p = posted[i];
       const int peer_global = ranks()[std::size_t(peers[i])];
       while (p.state != Posted::State::Taken) {
+        const std::string cycle = blocked.block(
+            fmt::format("send seq {} to rank {} on group '{}'", p.seq, peer_global, g.name),
+            backend_->job().running());
         check_abort();
         COMMTRACE_CHECK(!backend_->job().finished(peer_global), ErrorCode::InvalidArgument,
                         "rank {} waits in send seq {} to rank {} on group '{}', but rank {} "
@@ -276,6 +292,7 @@ class ThreadsCommunicator final : public Communicator {
                         "rank {} timed out after {}s waiting for ranks {{{}}} at send seq {} on "
                         "group '{}'",
                         global_rank_, backend_->timeout_s(), peer_global, p.seq, g.name);
+        if (!cycle.empty()) throw Error(ErrorCode::InvalidArgument, cycle);
         g.cv.wait_until(lock, deadline);
       }
       if (!p.error.empty()) throw Error(ErrorCode::InvalidArgument, p.error);
@@ -335,7 +352,10 @@ class ThreadsCommunicator final : public Communicator {
     // wait_for_arrival reports the mismatch (every rank that differs from another does, so some
     // rank sees any mismatch here).
     const bool counted = g.slots[g.first].desc == d;
-    if (counted && ++g.arrived == n) g.cv.notify_all();  // the last to arrive wakes the others
+    if (counted && ++g.arrived == n) {  // the last to arrive wakes the others
+      for (int r : g.ranks) backend_->waits().unblock(r);
+      g.cv.notify_all();
+    }
     try {
       wait_for_arrival(lock, d, seq);
     } catch (const std::exception& e) {
@@ -386,6 +406,7 @@ class ThreadsCommunicator final : public Communicator {
     const std::size_t n = g.slots.size();
     const auto deadline = deadline_from_now();
     std::vector<int> missing;
+    BlockedScope blocked(backend_->waits(), global_rank_);
     for (;;) {
       // Complete: every rank posted a call equal to the first one's. Checked before the abort
       // flag: once every rank arrived, all of them go on together, so nobody frees a buffer a
@@ -409,6 +430,11 @@ class ThreadsCommunicator final : public Communicator {
         const Slot& s = g.slots[j];
         if (!(s.posted == seq + 1 && s.active)) missing.push_back(g.ranks[j]);
       }
+      // Registered before the checks below, so a peer that finished or failed is reported as
+      // such rather than as a cycle.
+      const std::string cycle = blocked.block(
+          fmt::format("{} seq {} on group '{}' ({} ranks)", call_str(d), seq, g.name, n),
+          backend_->job().running());
       check_abort();
       for (std::size_t j = 0; j < n; ++j) {
         const Slot& s = g.slots[j];
@@ -427,6 +453,7 @@ class ThreadsCommunicator final : public Communicator {
                       "'{}'",
                       global_rank_, backend_->timeout_s(), rank_set(missing), collective_name(d.op),
                       seq, g.name);
+      if (!cycle.empty()) throw Error(ErrorCode::InvalidArgument, cycle);
       g.cv.wait_until(lock, deadline);
     }
   }

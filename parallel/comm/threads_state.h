@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "parallel/comm/comm.h"
 
 namespace commtrace::threads {
@@ -81,6 +83,69 @@ struct GroupState {
   std::size_t arrived = 0, done = 0;
   std::size_t first = 0;  // the group rank that arrived first at arrive_seq
   std::map<std::pair<int, int>, std::deque<Posted*>> mail;  // (src, dst) group ranks
+};
+
+// Which ranks of the job are blocked in a wait, and on what. When every running rank is
+// blocked no wait can end (each waits for a peer that waits elsewhere: ranks 0 and 3 in 'dp'
+// while 1 and 2 wait in 'tp'), so the wait that completes the picture reports the cycle at
+// once instead of at the timeout. A rank counts as blocked from block() until it leaves its
+// wait or a peer that completes its call unblocks it. Lock order: a group's mutex, then this.
+class WaitGraph {
+ public:
+  explicit WaitGraph(int world_size) : what_(std::size_t(world_size)) {}
+
+  // Marks `rank` blocked on `what` ("all_reduce seq 3 on group 'tp' {0, 1}"). Returns the desync
+  // message when all `running` ranks are blocked, else "".
+  std::string block(int rank, const std::string& what, int running) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    std::string& w = what_[std::size_t(rank)];
+    if (w.empty()) ++blocked_;
+    w = what;
+    if (blocked_ < running) return {};
+    std::string msg = fmt::format(
+        "desync: every running rank waits for a peer that waits elsewhere ({} rank{}):", blocked_,
+        blocked_ == 1 ? "" : "s");
+    int listed = 0;
+    for (std::size_t r = 0; r < what_.size(); ++r) {
+      if (what_[r].empty()) continue;
+      if (listed++ == kListed) {
+        msg += fmt::format("; and {} more", blocked_ - kListed);
+        break;
+      }
+      msg += fmt::format("{} rank {} in {}", listed == 1 ? "" : ";", r, what_[r]);
+    }
+    return msg;
+  }
+  void unblock(int rank) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    std::string& w = what_[std::size_t(rank)];
+    if (w.empty()) return;
+    w.clear();
+    --blocked_;
+  }
+
+ private:
+  static constexpr int kListed = 8;  // ranks named in the message
+  std::mutex mu_;
+  std::vector<std::string> what_;  // per global rank; empty: not blocked
+  int blocked_ = 0;
+};
+
+// Unblocks a rank when its wait ends, however it ends.
+class BlockedScope {
+ public:
+  BlockedScope(WaitGraph& g, int rank) : graph_(g), rank_(rank) {}
+  ~BlockedScope() { graph_.unblock(rank_); }
+  BlockedScope(const BlockedScope&) = delete;
+  BlockedScope& operator=(const BlockedScope&) = delete;
+  // Marks the rank blocked on `what`; the desync message when every running rank is blocked.
+  std::string block(const std::string& what, int running) {
+    return graph_.block(rank_, what, running);
+  }
+
+ private:
+  WaitGraph& graph_;
+  int rank_;
 };
 
 inline std::string rank_set(const std::vector<int>& ranks) {

@@ -252,9 +252,10 @@ TEST_CASE("batched send/recv pass tensors around a ring without touching the gro
   }
 }
 
-TEST_CASE("sends are not eager: a ring of lone sends stalls and times out", "[comm]") {
+TEST_CASE("sends are not eager: a ring of lone sends is reported as a desync at once",
+          "[comm]") {
   LaunchOptions opts;
-  opts.timeout_s = 0.2;
+  opts.timeout_s = 60;  // the cycle is found when the last rank blocks, not at the timeout
   const Error e = error_of([&] {
     run_tp(
         3,
@@ -266,9 +267,43 @@ TEST_CASE("sends are not eager: a ring of lone sends stalls and times out", "[co
         opts);
   });
   CAPTURE(e.what());
-  REQUIRE(e.code() == ErrorCode::Aborted);
-  REQUIRE(contains(e.what(), "timed out after 0.2s waiting for ranks"));
-  REQUIRE(contains(e.what(), "at send seq 0 on group 'tp'"));
+  REQUIRE(e.code() == ErrorCode::InvalidArgument);
+  REQUIRE(contains(e.what(), "desync: every running rank waits for a peer that waits elsewhere "
+                             "(3 ranks): rank 0 in send seq 0 to rank 1 on group 'tp'; rank 1 "
+                             "in send seq 0 to rank 2 on group 'tp'; rank 2 in send seq 0 to "
+                             "rank 0 on group 'tp'"));
+}
+
+TEST_CASE("a wait-for cycle across groups is reported as a desync naming ranks and groups",
+          "[comm]") {
+  // Mesh (2, 2): ranks 0 and 3 call dp first, 1 and 2 call tp first: 0 waits for 2 in dp, 2 for
+  // 3 in tp, 3 for 1 in dp, 1 for 0 in tp. No group completes; nothing is slow.
+  LaunchOptions opts;
+  opts.timeout_s = 60;
+  const Error e = error_of([&] {
+    launch(
+        4,
+        [&](RankContext& ctx) {
+          const int r = ctx.rank();
+          auto tp = ctx.new_group("tp", r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3});
+          auto dp =
+              ctx.new_group("dp", r % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3});
+          Tensor t = Tensor::full({4}, 1.0);
+          Communicator& first = (r == 0 || r == 3) ? *dp : *tp;
+          Communicator& second = (r == 0 || r == 3) ? *tp : *dp;
+          first.all_reduce(t, ReduceOp::Sum);
+          second.all_reduce(t, ReduceOp::Sum);
+        },
+        opts);
+  });
+  CAPTURE(e.what());
+  REQUIRE(e.code() == ErrorCode::InvalidArgument);
+  REQUIRE(contains(e.what(), "desync: every running rank waits for a peer that waits elsewhere "
+                             "(4 ranks): rank 0 in all_reduce(f32[4], sum) seq 0 on group 'dp' "
+                             "(2 ranks); rank 1 in all_reduce(f32[4], sum) seq 0 on group 'tp' "
+                             "(2 ranks); rank 2 in all_reduce(f32[4], sum) seq 0 on group 'tp' "
+                             "(2 ranks); rank 3 in all_reduce(f32[4], sum) seq 0 on group 'dp' "
+                             "(2 ranks)"));
 }
 
 TEST_CASE("a batch with a mismatched receive fails both sides and leaves no buffer behind",
