@@ -329,6 +329,10 @@ class DumpReader {
         repeat = repeat || t.modules[std::size_t(existing)].fqn == fqn;
       }
       if (repeat) continue;
+      if (depth + 1 > kMaxModuleDepth) {
+        rd_.fail(child_path, fmt::format("module '{}' nests {} levels deep, more than {}", fqn,
+                                         depth + 1, kMaxModuleDepth));
+      }
       const int id = int(t.modules.size());
       t.modules.push_back(ModuleNode{"", "", m, depth + 1, {}, {}});
       t.modules[std::size_t(m)].children.push_back(id);

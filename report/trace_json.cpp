@@ -272,7 +272,7 @@ class TraceReader {
       node.fqn = rd_.str(rd_.at(m, "fqn", p), p.key("fqn"));
       node.type = rd_.str(rd_.at(m, "type", p), p.key("type"));
       node.parent = rd_.int32(rd_.at(m, "parent", p), p.key("parent"), -1, n - 1);
-      node.depth = rd_.int32(rd_.at(m, "depth", p), p.key("depth"), 0);
+      node.depth = rd_.int32(rd_.at(m, "depth", p), p.key("depth"), 0, kMaxModuleDepth);
       const JsonPath cp = p.key("children");
       const Json& children = rd_.array(rd_.at(m, "children", p), cp);
       for (std::size_t c = 0; c < children.size(); ++c) {

@@ -140,6 +140,11 @@ struct ParamInfo {
   PlacementsId placements = 0;  // 0 for a plain parameter
 };
 
+// Modules nest at most this deep below Global: a PyTorch-compatible dump nests two JSON levels
+// per module, so this keeps every trace's dump within the readers' JSON nesting limit, and keeps
+// `show`'s indentation bounded for a hostile file.
+inline constexpr int kMaxModuleDepth = 30;
+
 // Node 0 is always "Global" with parent -1. Children keep first-call order.
 struct ModuleNode {
   std::string fqn;

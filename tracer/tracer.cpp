@@ -64,12 +64,16 @@ int Tracer::enter_module(std::string_view fqn, std::string_view type) {
       return c;
     }
   }
+  const int depth = trace_.modules[std::size_t(parent)].depth + 1;
+  COMMTRACE_CHECK(depth <= kMaxModuleDepth, ErrorCode::InvalidArgument,
+                  "tracer: module '{}' nests {} levels deep, more than {}", fqn, depth,
+                  kMaxModuleDepth);
   const int id = int(trace_.modules.size());
   ModuleNode node;
   node.fqn = fqn;
   node.type = type;
   node.parent = parent;
-  node.depth = trace_.modules[std::size_t(parent)].depth + 1;
+  node.depth = depth;
   trace_.modules.push_back(std::move(node));
   trace_.modules[std::size_t(parent)].children.push_back(id);
   stack_.push_back(id);

@@ -62,19 +62,10 @@ Tensor pad_rows(const Tensor& x, std::int64_t rows) {
 Tensor to_front(const Tensor& x, int k) { return k == 0 ? x : transpose(x, 0, k); }
 
 // The w chunks of dim 0 (n rows, torch.chunk split), each zero-padded to the chunk capacity
-// and concatenated: the equal-block layout reduce_scatter and all_to_all exchange.
+// and concatenated: the equal-block layout reduce_scatter and all_to_all exchange. torch.chunk
+// starts chunk r at row r × capacity, so that layout is x followed by zero rows.
 Tensor padded_chunks(const Tensor& x, std::int64_t n, int w) {
-  const std::int64_t cap = chunk_capacity(n, w);
-  if (cap * w == n) return x;
-  std::vector<Tensor> parts;
-  for (int r = 0; r < w; ++r) {
-    const ChunkRange c = chunk_range(n, w, r);
-    Shape s = x.shape();
-    s[0] = c.size;
-    parts.push_back(pad_rows(
-        c.size ? narrow(x, 0, c.begin, c.size) : Tensor::zeros(s, x.dtype(), x.device()), cap));
-  }
-  return cat(parts, 0);
+  return pad_rows(x, chunk_capacity(n, w) * w);
 }
 
 // S(k) → R on one mesh dim: pad to the chunk capacity, all_gather, trim the padding.
@@ -86,14 +77,8 @@ Tensor all_gather_dim(const Tensor& x, int k, std::int64_t n, Communicator& comm
   out_shape[0] = cap * w;
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
   comm.all_gather(xt, out);
-  if (cap * w != n) {
-    std::vector<Tensor> parts;
-    for (int r = 0; r < w; ++r) {
-      const ChunkRange c = chunk_range(n, w, r);
-      if (c.size > 0) parts.push_back(narrow(out, 0, std::int64_t(r) * cap, c.size));
-    }
-    out = cat(parts, 0);
-  }
+  // Block r holds chunk r, which starts at row r × capacity: the padding is all at the end.
+  if (cap * w != n) out = narrow(out, 0, 0, n);
   return to_front(out, k);
 }
 

@@ -389,4 +389,22 @@ TEST_CASE("malformed PyTorch dumps are rejected naming the source and the path",
   bad["collectives_forward"][0][1] = 9223372036854775807;
   require_invalid(bad.dump(4), "max.json",
                   "collectives_forward[0]: count 9223372036854775807 is larger than");
+  // A chain of modules deeper than a trace may hold (still within the JSON nesting limit),
+  // each node the golden root with its lists emptied.
+  nlohmann::ordered_json empty = j;
+  for (auto& [key, value] : empty.items()) {
+    if (value.is_array()) value = nlohmann::ordered_json::array();
+  }
+  nlohmann::ordered_json chain = nlohmann::ordered_json::array();
+  for (int d = kMaxModuleDepth + 1; d >= 1; --d) {
+    nlohmann::ordered_json node = empty;
+    node["fqn"] = fmt::format("m{}", d);
+    node["children"] = chain;
+    chain = nlohmann::ordered_json::array({node});
+  }
+  nlohmann::ordered_json deep = empty;
+  deep["children"] = chain;
+  require_invalid(deep.dump(), "deep.json",
+                  fmt::format("module 'm{}' nests {} levels deep, more than {}",
+                              kMaxModuleDepth + 1, kMaxModuleDepth + 1, kMaxModuleDepth));
 }

@@ -385,6 +385,31 @@ TEST_CASE("trace json: errors name the source and the JSON path", "[report][json
     REQUIRE(message_of([&] { read_trace_json(op.dump(), "t.json"); }) ==
             fmt::format("{}[{}].collective.op: unknown collective 'allreduce'", at, c));
   }
+  SECTION("a module chain nested deeper than kMaxModuleDepth") {
+    // Global, then a chain of kMaxModuleDepth + 1 modules: the last one is one level too deep.
+    json mods = json::array();
+    mods.push_back({{"fqn", "Global"},
+                    {"type", ""},
+                    {"parent", -1},
+                    {"depth", 0},
+                    {"children", {1}},
+                    {"params", json::array()}});
+    const int n = kMaxModuleDepth + 1;
+    for (int i = 1; i <= n; ++i) {
+      json children = i < n ? json::array({i + 1}) : json::array();
+      mods.push_back({{"fqn", fmt::format("m{}", i)},
+                      {"type", "X"},
+                      {"parent", i - 1},
+                      {"depth", i},
+                      {"children", children},
+                      {"params", json::array()}});
+    }
+    j["ranks"][0]["modules"] = mods;
+    for (json& r : records) r["module"] = 1;
+    REQUIRE(message_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
+            fmt::format("t.json: ranks[0].modules[{}].depth: {} is out of range [0, {}]", n, n,
+                        kMaxModuleDepth));
+  }
   SECTION("not JSON, wrong schema, too deep") {
     REQUIRE(message_of([] { read_trace_json("{\"schema\": ", "t.json"); })
                 .find("t.json: not valid "

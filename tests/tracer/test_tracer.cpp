@@ -1,10 +1,12 @@
 // The tracer core on its own: the module tree, phases, scopes and activation, interning,
 // iteration folding and the clock.
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "tests/catch_compat.h"
+#include "tests/test_util.h"
 #include "tracer/tracer.h"
 
 using namespace commtrace;
@@ -70,6 +72,24 @@ TEST_CASE("module scopes build the FQN tree under Global", "[tracer]") {
   REQUIRE_FALSE(t.is_within(2, 3));
   REQUIRE(t.find_module("M.net2") == 3);
   REQUIRE(t.find_module("M.nope") == -1);
+}
+
+TEST_CASE("modules nest at most kMaxModuleDepth levels", "[tracer]") {
+  Tracer tr(0);
+  TracerActivation on(tr);
+  std::vector<std::unique_ptr<ModuleScope>> scopes;
+  std::string fqn = "m";
+  for (int d = 1; d <= kMaxModuleDepth; ++d, fqn += ".m") {
+    scopes.push_back(std::make_unique<ModuleScope>(fqn, "X"));
+  }
+  REQUIRE(std::string(testing::error_of([&] { ModuleScope too_deep(fqn, "X"); }).what()) ==
+          fmt::format("tracer: module '{}' nests {} levels deep, more than {}", fqn,
+                      kMaxModuleDepth + 1, kMaxModuleDepth));
+  op(tr, "mm");  // the stack is intact: recorded in the deepest module that was entered
+  scopes.clear();
+  const Trace t = tr.take();
+  REQUIRE(t.modules.size() == std::size_t(kMaxModuleDepth) + 1);
+  REQUIRE(t.records.back().module == kMaxModuleDepth);
 }
 
 TEST_CASE("phases and attribution scopes stamp records", "[tracer]") {
