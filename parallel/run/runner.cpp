@@ -89,15 +89,22 @@ StepOut forward_loss(RankState& s) {
   }
   // A sharded output: the loss is computed on DTensors, so its reductions stay global.
   const Placements pl{normalize_placements({layout}, out.output.dim(), "model_output")[0]};
-  auto global_of = [&](const Tensor& t) {
+  // The target shares the output's leading dims (the transformer's class dim is the output's
+  // last): it is sharded like the output on a shared dim, replicated otherwise (vocab-sharded
+  // logits against the full target).
+  auto placed = [&](const Tensor& t) {
+    return pl[0].is_shard() && pl[0].dim >= t.dim() ? Placements{Placement::replicate()} : pl;
+  };
+  auto global_of = [&](const Tensor& t, const Placements& p) {
     Shape g = t.shape();
-    if (pl[0].is_shard()) g[std::size_t(pl[0].dim)] *= s.tp->size(0);
+    if (p[0].is_shard()) g[std::size_t(p[0].dim)] *= s.tp->size(0);
     return g;
   };
-  out.output = from_local(out.output, s.tp, pl, global_of(out.output),
+  out.output = from_local(out.output, s.tp, pl, global_of(out.output, pl),
                           "model output grad (from_local backward)");
   Batch b = s.batch;
-  b.target = from_local(s.batch.target, s.tp, pl, global_of(s.batch.target));
+  const Placements target_pl = placed(s.batch.target);
+  b.target = from_local(s.batch.target, s.tp, target_pl, global_of(s.batch.target, target_pl));
   out.loss = s.entry->loss(out.output, b);
   return out;
 }
