@@ -1,5 +1,7 @@
 #include "kernels/base.h"
 
+#include <algorithm>
+
 namespace commtrace {
 
 std::size_t dtype_size(DType dt) {
@@ -76,8 +78,16 @@ bool is_floating(DType dt) { return dt != DType::I64; }
 
 std::int64_t numel(const Shape& s) {
   std::int64_t n = 1;
-  for (auto d : s) n *= d;
-  return n;
+  bool over = false;
+  for (auto d : s) {
+    over = over || __builtin_mul_overflow(n, d, &n) || n > kMaxNumel;
+  }
+  // A zero dim makes an overflowed prefix harmless: the tensor is empty.
+  if (over && std::find(s.begin(), s.end(), 0) == s.end()) {
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("shape {} has more than 2^59 elements", shape_str(s)));
+  }
+  return over ? 0 : n;
 }
 
 std::string shape_str(std::span<const std::int64_t> s) {

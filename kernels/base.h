@@ -29,6 +29,11 @@ Device parse_device(const std::string& s);
 bool is_floating(DType dt);
 
 using Shape = std::vector<std::int64_t>;
+// A tensor holds at most 2^59 elements, so that its size in bytes (up to 8 per element) and the
+// element offsets kernels compute stay far from int64 overflow.
+inline constexpr std::int64_t kMaxNumel = std::int64_t(1) << 59;
+// The product of the dims. REQUIRES dims >= 0; Error(InvalidArgument) naming the shape when the
+// product exceeds kMaxNumel.
 std::int64_t numel(const Shape& s);
 std::string shape_str(std::span<const std::int64_t> s);  // "[8, 10]"
 

@@ -263,7 +263,24 @@ ModelEntry model_from_json_text(const std::string& text, const std::string& sour
       rd.fail(apath.key("seq_len"),
               fmt::format("seq_len {} exceeds max_seq_len {}", seq, a.max_seq_len));
     }
-    set_transformer(e, a, get_int("batch", 8, kMaxDim), seq);
+    const std::int64_t batch = get_int("batch", 8, kMaxDim);
+    // The largest tensors must fit a tensor's element limit with room for a 4096-way data-
+    // parallel batch; each factor is below 2^31, so no product of two overflows.
+    constexpr std::int64_t kMaxElements = kMaxNumel >> 12;
+    auto fits = [&](const char* what, const char* factors, std::initializer_list<std::int64_t> f) {
+      std::int64_t n = 1;
+      for (std::int64_t x : f) {
+        if (__builtin_mul_overflow(n, x, &n) || n > kMaxElements) {
+          rd.fail(apath, fmt::format("{} ({}) hold more than 2^47 elements", what, factors));
+        }
+      }
+    };
+    fits("the logits", "batch × seq_len × vocab_size", {batch, seq, a.vocab_size});
+    fits("the feed-forward activations", "batch × seq_len × 4 × dim", {batch, seq, 4, a.dim});
+    fits("the token embedding", "vocab_size × dim", {a.vocab_size, a.dim});
+    fits("the position embedding", "max_seq_len × dim", {a.max_seq_len, a.dim});
+    fits("the feed-forward weights", "4 × dim × dim", {4, a.dim, a.dim});
+    set_transformer(e, a, batch, seq);
     e.description = fmt::format("Transformer: {} layers, vocab {}, dim {}, {} heads ({})",
                                 a.n_layers, a.vocab_size, a.dim, a.n_heads, source);
   } else if (e.family == "mlp-stacked") {

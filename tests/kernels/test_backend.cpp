@@ -129,6 +129,19 @@ std::string name(DType dt) { return dtype_name(dt); }
 
 }  // namespace
 
+TEST_CASE("numel refuses shapes past kMaxNumel instead of overflowing", "[backend]") {
+  REQUIRE(numel({}) == 1);
+  REQUIRE(numel({3, 0, 5}) == 0);
+  REQUIRE(numel({std::int64_t(1) << 29, std::int64_t(1) << 30}) == kMaxNumel);
+  const Error e = error_of([] { numel({std::int64_t(1) << 31, std::int64_t(1) << 31, 16}); });
+  REQUIRE(e.code() == ErrorCode::InvalidArgument);
+  REQUIRE(std::string(e.what()) ==
+          "shape [2147483648, 2147483648, 16] has more than 2^59 elements");
+  // Past int64 itself, and an overflowed prefix of an empty tensor.
+  REQUIRE_THROWS_AS(numel({std::int64_t(1) << 40, std::int64_t(1) << 40}), Error);
+  REQUIRE(numel({std::int64_t(1) << 40, std::int64_t(1) << 40, 0}) == 0);
+}
+
 TEST_CASE("cpu gemm matches the reference", "[backend][gemm]") {
   struct Case {
     i64 batch, m, n, k;
