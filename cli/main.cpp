@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -440,6 +441,9 @@ int stdout_failed() noexcept {
 
 int main(int argc, char** argv) {
   using namespace commtrace;
+  // Past a file-size limit (ulimit -f) a write fails with EFBIG, reported and cleaned up like a
+  // full disk, instead of SIGXFSZ killing the process with a temporary file left behind.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{
       "commtrace: a communication-trace debugger for tensor- and sequence-parallel models"};
   app.set_version_flag("--version", std::string("commtrace ") + COMMTRACE_VERSION);
