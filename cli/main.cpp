@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <random>
 
 #include "parallel/nn/models.h"
 #include "parallel/run/bench.h"
@@ -101,19 +103,35 @@ int cmd_train(TrainArgs& a) {
 }
 
 // Options shared by run and verify: what to run in parallel.
+// How many processes an MPI launcher (mpirun, srun) started this one among, from the
+// environment it sets; 1 when none did.
+int mpi_launched_processes() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    if (const char* v = std::getenv(var)) {
+      int n = 0;
+      const auto [end, ec] = std::from_chars(v, v + std::strlen(v), n);
+      if (ec == std::errc() && n > 1) return n;
+    }
+  }
+  return 1;
+}
+
 struct ParallelArgs {
   ParallelConfig cfg;
   std::string mesh;
   std::string device = "cpu";
   std::string dtype = "f32";
+  CLI::Option* world_opt = nullptr;
+  Processes procs;  // this process among the launch's (after resolve)
 
   void add_to(CLI::App* c) {
     c->add_option("--model", cfg.model, "Zoo model or model JSON file")->capture_default_str();
     c->add_option("--plan", cfg.plan, "Built-in plan (tp, sp) or plan JSON file")
         ->capture_default_str();
-    c->add_option("--world-size", cfg.world_size, "Ranks")
-        ->capture_default_str()
-        ->check(CLI::Range(1, 4096));
+    world_opt = c->add_option("--world-size", cfg.world_size,
+                              "Ranks (with --backend mpi: the processes mpirun started)")
+                    ->capture_default_str()
+                    ->check(CLI::Range(1, 4096));
     c->add_option("--mesh", mesh, "Mesh shape: N, or DPxTP for data parallel × plan (e.g. 2x2)");
     c->add_flag("--input-requires-grad", cfg.input_requires_grad,
                 "The model input requires grad (backward collectives for its gradient)");
@@ -128,10 +146,18 @@ struct ParallelArgs {
         ->capture_default_str()
         ->check(positive_finite());
   }
+  // REQUIRES: cfg.backend set. Starts MPI for the mpi backend.
   void resolve() {
     if (!mesh.empty()) cfg.mesh = parse_mesh_shape(mesh);
     cfg.module.dtype = parse_dtype(dtype);
     cfg.module.device = parse_device(device);
+    const int launched = mpi_launched_processes();
+    COMMTRACE_CHECK(launched == 1 || cfg.backend == "mpi", ErrorCode::InvalidArgument,
+                    "mpirun started {} processes: pass --backend mpi (one rank per process); "
+                    "with the {} backend every process would run the whole job",
+                    launched, cfg.backend);
+    procs = processes_of(launcher_for(cfg.backend));
+    if (cfg.backend == "mpi" && world_opt->count() == 0) cfg.world_size = procs.size;
   }
 };
 
@@ -144,11 +170,15 @@ int cmd_verify(VerifyArgs& a) {
   a.p.resolve();
   const ParallelConfig& cfg = a.p.cfg;
   const std::vector<int> shape = mesh_shape(cfg);
-  fmt::print(
-      "verify {} plan {} on {} ranks (mesh {}, threads backend) against one device, seed {}{}\n",
-      cfg.model, cfg.plan, cfg.world_size, fmt::join(shape, "x"), cfg.seed,
-      cfg.input_requires_grad ? ", input requires grad" : "");
+  if (a.p.procs.rank == 0) {
+    fmt::print(
+        "verify {} plan {} on {} ranks (mesh {}, {} backend) against one device, seed {}{}\n",
+        cfg.model, cfg.plan, cfg.world_size, fmt::join(shape, "x"), cfg.backend, cfg.seed,
+        cfg.input_requires_grad ? ", input requires grad" : "");
+    std::fflush(stdout);
+  }
   const VerifyReport r = verify(cfg, a.tolerance);
+  if (!r.reported) return 0;  // another process (rank 0's) compares and prints
   if (!r.note.empty()) fmt::print("note: {}\n", r.note);
   std::size_t width = 6;
   for (const TensorCheck& c : r.checks) width = std::max(width, c.name.size());
@@ -196,10 +226,45 @@ struct RunArgs {
   std::string backend = "threads";
   std::string rank = "0";
   double lr = 1e-3;
-  std::string json, torch_json;
+  std::string json, torch_json, per_rank_dir;
   bool pretty = false;
   std::vector<std::string> expect;
 };
+
+// A run's identity for `merge`: random, made by process 0 and shared with the others.
+std::string new_run_id() {
+  std::random_device rd;
+  const std::uint64_t v =
+      (std::uint64_t(rd()) << 32) ^ rd() ^
+      std::uint64_t(std::chrono::system_clock::now().time_since_epoch().count());
+  return fmt::format("{:016x}", v);
+}
+
+// With one process per rank: every process's traces, in rank order, on process 0 (which
+// returns true); the others return false with `traces` unchanged.
+bool gather_traces(const ParallelArgs& p, std::vector<Trace>& traces) {
+  if (p.procs.size == 1) return true;
+  const std::string launcher = launcher_for(p.cfg.backend);
+  const std::vector<std::string> all = gather_to_first(
+      launcher, traces.empty() ? std::string() : trace_json_string(traces), p.cfg.timeout_s);
+  if (p.procs.rank != 0) return false;
+  std::vector<Trace> merged;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all[i].empty()) continue;
+    for (Trace& t : read_trace_json(all[i], fmt::format("the trace of process {}", i))) {
+      merged.push_back(std::move(t));
+    }
+  }
+  traces = std::move(merged);
+  return true;
+}
+
+// --per-rank-files DIR: this process's traces, one file per rank (DIR/rank-<r>.json).
+void write_per_rank_files(const std::string& dir, const std::vector<Trace>& traces) {
+  for (const Trace& t : traces) {
+    write_trace_file(fmt::format("{}/rank-{}.json", dir, t.rank), {t});
+  }
+}
 
 int cmd_run(RunArgs& a) {
   a.p.cfg.backend = a.backend;
@@ -224,8 +289,16 @@ int cmd_run(RunArgs& a) {
     o.ranks = {shown};
   }
   std::vector<double> losses;
-  const std::vector<Trace> traces = trace_run(o, &losses);
-  const Trace& t = all ? traces[0] : traces.front();
+  std::vector<Trace> traces = trace_run(o, &losses);
+  if (!a.per_rank_dir.empty()) {
+    const std::string id = broadcast_from_first(launcher_for(o.cfg.backend), new_run_id());
+    for (Trace& t : traces) t.metadata["run_id"] = id;
+  }
+  std::vector<Trace> local = traces;
+  const bool reports = gather_traces(a.p, traces);
+  if (!a.per_rank_dir.empty()) write_per_rank_files(a.per_rank_dir, local);
+  if (!reports) return 0;  // process 0 prints and writes the run's files
+  const Trace& t = traces.front();
   const auto& md = t.metadata;
   // With --compat torch stdout holds CommDebugMode's table alone (byte-comparable with
   // PyTorch's); the run's header goes to stderr.
@@ -264,6 +337,10 @@ int cmd_run(RunArgs& a) {
     torch_file->commit();
     fmt::print(head, "wrote {} (PyTorch generate_json_dump, noise {})\n", a.torch_json,
                a.view.noise);
+  }
+  if (!a.per_rank_dir.empty()) {
+    fmt::print(head, "wrote {}/rank-<r>.json ({} rank{}, one file each; join with merge)\n",
+               a.per_rank_dir, traces.size(), traces.size() == 1 ? "" : "s");
   }
   int rc = 0;
   if (all) {
@@ -488,9 +565,12 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--device", run_args.p.device, "cpu, or meta (with --backend fake)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "meta"}));
-  run_cmd->add_option("--backend", run_args.backend, "threads (real data) or fake (records only)")
+  run_cmd
+      ->add_option("--backend", run_args.backend,
+                   "threads (real data), fake (records only) or mpi (one process per rank, "
+                   "under mpirun)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"threads", "fake"}));
+      ->check(CLI::IsMember({"threads", "fake", "mpi"}));
   run_cmd->add_option("--rank", run_args.rank, "Rank to show, or 'all' (checks consistency)")
       ->capture_default_str();
   run_cmd->add_option("--lr", run_args.lr, "AdamW learning rate")
@@ -498,6 +578,8 @@ int main(int argc, char** argv) {
       ->check(positive_finite());
   run_cmd->add_option("--json", run_args.json, "Write commtrace's trace JSON (all traced ranks)");
   run_cmd->add_flag("--pretty", run_args.pretty, "Indent the --json file (compact by default)");
+  run_cmd->add_option("--per-rank-files", run_args.per_rank_dir,
+                      "Also write each traced rank's trace to DIR/rank-<r>.json (join: merge)");
   run_cmd->add_option("--torch-json", run_args.torch_json,
                       "Write PyTorch's generate_json_dump format (at --noise)");
   run_cmd->add_option("--expect", run_args.expect,
@@ -505,8 +587,13 @@ int main(int argc, char** argv) {
 
   VerifyArgs verify_args;
   auto* verify_cmd = app.add_subcommand(
-      "verify", "Run a model in parallel (threads backend) and on one device; compare");
+      "verify", "Run a model in parallel (threads or mpi backend) and on one device; compare");
   verify_args.p.add_to(verify_cmd);
+  verify_cmd
+      ->add_option("--backend", verify_args.p.cfg.backend,
+                   "threads, or mpi (one process per rank, under mpirun)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"threads", "mpi"}));
   verify_cmd->add_option("--tolerance", verify_args.tolerance, "Max relative error")
       ->capture_default_str()
       ->check(positive_finite());

@@ -15,7 +15,7 @@ build=build-fuzz
 targets=(trace torch baseline plan model)
 
 CC=clang CXX=clang++ BUILD_DIR="$build" \
-  CMAKE_ARGS="-DCOMMTRACE_FUZZ=ON -DCOMMTRACE_WITH_CUDA=OFF -DCOMMTRACE_BUILD_BENCH=OFF -DCOMMTRACE_BUILD_TESTS=OFF" \
+  CMAKE_ARGS="-DCOMMTRACE_FUZZ=ON -DCOMMTRACE_WITH_CUDA=OFF -DCOMMTRACE_WITH_MPI=OFF -DCOMMTRACE_BUILD_BENCH=OFF -DCOMMTRACE_BUILD_TESTS=OFF" \
   TARGETS="commtrace ${targets[*]/#/fuzz_}" bash scripts/setup.sh
 
 corpus="$build/corpus"

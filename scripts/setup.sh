@@ -17,6 +17,7 @@ PACKAGES=(
   build-essential cmake ninja-build python3
   nlohmann-json3-dev libfmt-dev libcli11-dev catch2 libopenblas-dev libbenchmark-dev
   clang libclang-rt-dev  # libFuzzer and the sanitizers' runtimes for scripts/fuzz.sh
+  libopenmpi-dev openmpi-bin  # one process per rank: the mpi launcher and backend
 )
 
 # True when dpkg reports the package fully installed (not just "config-files" left behind).

@@ -15,7 +15,7 @@ bash scripts/setup.sh
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j2
 
 if [[ "${SANITIZERS:-1}" != 0 ]]; then
-  common="-DCOMMTRACE_WITH_CUDA=OFF -DCOMMTRACE_BUILD_BENCH=OFF"
+  common="-DCOMMTRACE_WITH_CUDA=OFF -DCOMMTRACE_WITH_MPI=OFF -DCOMMTRACE_BUILD_BENCH=OFF"
   echo "test: ASan + UBSan build (build-asan)"
   BUILD_DIR=build-asan CMAKE_ARGS="-DCOMMTRACE_ASAN=ON $common" bash scripts/setup.sh
   ctest --test-dir build-asan --output-on-failure -j2 -E '^oracle:'

@@ -16,7 +16,10 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "parallel/comm/comm.h"
+#include "parallel/comm/launch.h"
 
 namespace commtrace {
 
@@ -26,6 +29,30 @@ class PeerAborted : public Error {
  public:
   explicit PeerAborted(const std::string& msg) : Error(ErrorCode::Aborted, msg) {}
 };
+
+// What a rank asks for at one sequence number; every rank of the group must ask for the same.
+struct CallDesc {
+  Collective op = Collective::Barrier;
+  DType dtype = DType::F32;
+  Shape shape;  // t for all_reduce and broadcast, in for the others; empty for barrier
+  ReduceOp reduce = ReduceOp::None;
+  int root = -1;
+
+  bool operator==(const CallDesc& o) const {
+    return op == o.op && dtype == o.dtype && shape == o.shape && reduce == o.reduce &&
+           root == o.root;
+  }
+};
+
+// "all_reduce(f32[4, 4], sum)", "broadcast(f32[4], root 0)", "barrier()".
+inline std::string call_str(const CallDesc& d) {
+  if (d.op == Collective::Barrier) return "barrier()";
+  std::string s =
+      fmt::format("{}({}{}", collective_name(d.op), dtype_name(d.dtype), shape_str(d.shape));
+  if (d.reduce != ReduceOp::None) s += fmt::format(", {}", reduce_op_name(d.reduce));
+  if (d.root >= 0) s += fmt::format(", root {}", d.root);
+  return s + ")";
+}
 
 class Job {
  public:
@@ -104,5 +131,19 @@ class CommBackend {
 // The backends. REQUIRES for threads: timeout_s > 0.
 std::shared_ptr<CommBackend> make_threads_backend(std::shared_ptr<Job> job, double timeout_s);
 std::shared_ptr<CommBackend> make_fake_backend(std::shared_ptr<Job> job);
+
+// The one-process-per-rank launcher and its backend (mpi.cpp), in builds with MPI
+// (COMMTRACE_HAVE_MPI). MPI is initialized on first use and finalized at exit.
+namespace mpi {
+Processes processes();
+// REQUIRES: timeout_s > 0 (the watchdog's limit for one call).
+std::shared_ptr<CommBackend> make_backend(std::shared_ptr<Job> job, double timeout_s);
+// Runs this process's rank. A rank that throws with peers ends the job (MPI_Abort) after
+// printing its error; alone, the error is failed in the Job like the threads launcher does.
+void run_rank(const std::shared_ptr<CommBackend>& backend,
+              const std::function<void(RankContext&)>& fn);
+std::vector<std::string> gather_to_first(const std::string& mine, double timeout_s);
+std::string broadcast_from_first(const std::string& value);
+}  // namespace mpi
 
 }  // namespace commtrace

@@ -15,6 +15,13 @@ namespace {
 
 using RankFn = std::function<void(RankContext&)>;
 
+template <class Table>
+std::vector<std::string> names_of(const Table& table) {
+  std::vector<std::string> out;
+  for (const auto& e : table) out.emplace_back(e.name);
+  return out;
+}
+
 // One thread per rank of this process. A rank that throws is failed in the Job (which aborts
 // the others); a thread that cannot start fails its rank the same way.
 void run_threads(const std::shared_ptr<CommBackend>& backend, std::span<const int> ranks,
@@ -44,8 +51,29 @@ void run_threads(const std::shared_ptr<CommBackend>& backend, std::span<const in
 struct LauncherEntry {
   const char* name;
   void (*run)(const std::shared_ptr<CommBackend>&, std::span<const int>, const RankFn&);
+  // The processes of a launch: nullptr for one process running every requested rank.
+  Processes (*processes)();
 };
-constexpr LauncherEntry kLaunchers[] = {{"threads", run_threads}};
+constexpr LauncherEntry kLaunchers[] = {
+    {"threads", run_threads, nullptr},
+#ifdef COMMTRACE_HAVE_MPI
+    {"mpi",
+     [](const std::shared_ptr<CommBackend>& b, std::span<const int>, const RankFn& fn) {
+       mpi::run_rank(b, fn);
+     },
+     mpi::processes},
+#endif
+};
+
+const LauncherEntry& find_launcher(const std::string& name) {
+  for (const LauncherEntry& e : kLaunchers) {
+    if (name == e.name) return e;
+  }
+  throw Error(ErrorCode::Unsupported,
+              fmt::format("unknown launcher '{}' (this build has {}{})", name,
+                          fmt::join(names_of(kLaunchers), ", "),
+                          name == "mpi" ? "; mpi needs a build with MPI: libopenmpi-dev" : ""));
+}
 
 struct BackendEntry {
   const char* name;
@@ -63,18 +91,47 @@ const BackendEntry kBackends[] = {
      [](std::shared_ptr<Job> job, const LaunchOptions&) {
        return make_fake_backend(std::move(job));
      }},
+#ifdef COMMTRACE_HAVE_MPI
+    {"mpi", true,
+     [](std::shared_ptr<Job> job, const LaunchOptions& o) {
+       COMMTRACE_CHECK(o.timeout_s > 0, ErrorCode::InvalidArgument,
+                       "launch: timeout_s {} must be > 0", o.timeout_s);
+       return mpi::make_backend(std::move(job), o.timeout_s);
+     }},
+#endif
 };
-
-template <class Table>
-std::vector<std::string> names_of(const Table& table) {
-  std::vector<std::string> out;
-  for (const auto& e : table) out.emplace_back(e.name);
-  return out;
-}
 
 }  // namespace
 
 std::vector<std::string> launcher_names() { return names_of(kLaunchers); }
+
+std::string launcher_for(const std::string& backend) {
+  return backend == "mpi" ? "mpi" : "threads";
+}
+
+Processes processes_of(const std::string& launcher) {
+  const LauncherEntry& e = find_launcher(launcher);
+  return e.processes ? e.processes() : Processes{};
+}
+
+std::vector<std::string> gather_to_first(const std::string& launcher, const std::string& mine,
+                                         double timeout_s) {
+  if (processes_of(launcher).size == 1) return {mine};
+#ifdef COMMTRACE_HAVE_MPI
+  return mpi::gather_to_first(mine, timeout_s);
+#else
+  return {mine};  // unreachable: only the mpi launcher has several processes
+#endif
+}
+
+std::string broadcast_from_first(const std::string& launcher, const std::string& value) {
+  if (processes_of(launcher).size == 1) return value;
+#ifdef COMMTRACE_HAVE_MPI
+  return mpi::broadcast_from_first(value);
+#else
+  return value;
+#endif
+}
 std::vector<std::string> backend_names() { return names_of(kBackends); }
 
 // ---------------------------------------------------------------- Job
@@ -186,20 +243,26 @@ void launch(int world_size, const std::function<void(RankContext&)>& fn,
   COMMTRACE_CHECK(world_size >= 1, ErrorCode::InvalidArgument, "launch: world_size {} must be >= 1",
                   world_size);
   COMMTRACE_CHECK(bool(fn), ErrorCode::InvalidArgument, "launch: no function to run");
-  const LauncherEntry* launcher = nullptr;
-  for (const LauncherEntry& e : kLaunchers) {
-    if (options.launcher == e.name) launcher = &e;
-  }
-  COMMTRACE_CHECK(launcher != nullptr, ErrorCode::Unsupported,
-                  "launch: unknown launcher '{}' (expected {})", options.launcher,
-                  fmt::join(launcher_names(), " or "));
+  const LauncherEntry* launcher = &find_launcher(options.launcher);
   const BackendEntry* backend = nullptr;
   for (const BackendEntry& e : kBackends) {
     if (options.backend == e.name) backend = &e;
   }
   COMMTRACE_CHECK(backend != nullptr, ErrorCode::Unsupported,
-                  "launch: unknown backend '{}' (expected {})", options.backend,
-                  fmt::join(backend_names(), " or "));
+                  "launch: unknown backend '{}' (this build has {}{})", options.backend,
+                  fmt::join(backend_names(), ", "),
+                  options.backend == "mpi" ? "; mpi needs a build with MPI: libopenmpi-dev" : "");
+  COMMTRACE_CHECK((std::string(backend->name) == "mpi") == (std::string(launcher->name) == "mpi"),
+                  ErrorCode::InvalidArgument,
+                  "launch: the {} backend does not run under the {} launcher", backend->name,
+                  launcher->name);
+  if (launcher->processes) {
+    const Processes p = launcher->processes();
+    COMMTRACE_CHECK(p.size == world_size, ErrorCode::InvalidArgument,
+                    "the world size is {} but {} process{} started (one rank per process: "
+                    "mpirun -np {})",
+                    world_size, p.size, p.size == 1 ? " was" : "es were", world_size);
+  }
   std::vector<int> ranks = options.ranks;
   if (ranks.empty()) {
     for (int r = 0; r < world_size; ++r) ranks.push_back(r);
@@ -215,7 +278,9 @@ void launch(int world_size, const std::function<void(RankContext&)>& fn,
                   ErrorCode::InvalidArgument,
                   "launch: the {} backend runs every rank; {} of {} requested", backend->name,
                   ranks.size(), world_size);
-  auto job = std::make_shared<Job>(world_size, int(ranks.size()));
+  // One process per rank: this process runs its own.
+  const int launched = launcher->processes ? 1 : int(ranks.size());
+  auto job = std::make_shared<Job>(world_size, launched);
   launcher->run(backend->make(job, options), ranks, fn);
   job->rethrow_first_error();
 }

@@ -13,35 +13,11 @@
 
 #include <fmt/format.h>
 
-#include "parallel/comm/comm.h"
+#include "parallel/comm/backend.h"
 
 namespace commtrace::threads {
 
 using Clock = std::chrono::steady_clock;
-
-// What a rank asks for at one sequence number; every rank of the group must ask for the same.
-struct CallDesc {
-  Collective op = Collective::Barrier;
-  DType dtype = DType::F32;
-  Shape shape;  // t for all_reduce and broadcast, in for the others; empty for barrier
-  ReduceOp reduce = ReduceOp::None;
-  int root = -1;
-
-  bool operator==(const CallDesc& o) const {
-    return op == o.op && dtype == o.dtype && shape == o.shape && reduce == o.reduce &&
-           root == o.root;
-  }
-};
-
-// "all_reduce(f32[4, 4], sum)", "broadcast(f32[4], root 0)", "barrier()".
-inline std::string call_str(const CallDesc& d) {
-  if (d.op == Collective::Barrier) return "barrier()";
-  std::string s =
-      fmt::format("{}({}{}", collective_name(d.op), dtype_name(d.dtype), shape_str(d.shape));
-  if (d.reduce != ReduceOp::None) s += fmt::format(", {}", reduce_op_name(d.reduce));
-  if (d.root >= 0) s += fmt::format(", root {}", d.root);
-  return s + ")";
-}
 
 struct Slot {
   std::uint64_t posted = 0;  // seq + 1 of the call last posted; 0: none yet

@@ -169,9 +169,11 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
   resolve_plan(resolve_model(cfg.model).family, cfg.plan);  // fail early, before any thread
 
   std::vector<Trace> traces(traced.size());
+  std::vector<bool> filled(traced.size(), false);
   std::vector<double> rank0_losses;
   std::mutex mu;
   LaunchOptions lo;
+  lo.launcher = launcher_for(cfg.backend);
   lo.backend = cfg.backend;
   lo.timeout_s = cfg.timeout_s;
   if (cfg.backend == "fake") lo.ranks = traced;
@@ -191,7 +193,7 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
             loss = train_step(s, opt);
           }
           tr.next_iteration();
-          if (cfg.module.device == Device::CPU && cfg.backend == "threads") {
+          if (cfg.module.device == Device::CPU && cfg.backend != "fake") {
             NoGradGuard ng;  // the loss readout (an all_reduce when Partial) is not traced
             mine.push_back((is_dtensor(loss) ? full_tensor(loss) : loss).item());
           }
@@ -210,11 +212,17 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
                       {"input_requires_grad", cfg.input_requires_grad ? "true" : "false"}};
         std::lock_guard<std::mutex> lock(mu);
         traces[std::size_t(slot - traced.begin())] = std::move(t);
+        filled[std::size_t(slot - traced.begin())] = true;
         if (ctx.rank() == 0) rank0_losses = mine;
       },
       lo);
   if (losses) *losses = rank0_losses;
-  return traces;
+  // One process per rank: only this process's rank was traced here.
+  std::vector<Trace> out;
+  for (std::size_t i = 0; i < traces.size(); ++i) {
+    if (filled[i]) out.push_back(std::move(traces[i]));
+  }
+  return out;
 }
 
 bool VerifyReport::pass() const {
@@ -282,13 +290,18 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
   const std::vector<int> shape = mesh_shape(cfg);
   const int dp = shape.size() == 2 ? shape[0] : 1, tp = shape.back();
   const Plan plan = resolve_plan(resolve_model(cfg.model).family, cfg.plan);
-  const Values ref = reference_run(cfg, plan, dp, tp);
+  COMMTRACE_CHECK(cfg.backend == "threads" || cfg.backend == "mpi", ErrorCode::InvalidArgument,
+                  "verify: runs on the threads or mpi backend (got {})", cfg.backend);
+  LaunchOptions lo;
+  lo.launcher = launcher_for(cfg.backend);
+  lo.backend = cfg.backend;
+  lo.timeout_s = cfg.timeout_s;
+  // With one process per rank, process 0 (rank 0) holds the gathered tensors and compares.
+  const bool reports = processes_of(lo.launcher).rank == 0;
+  const Values ref = reports ? reference_run(cfg, plan, dp, tp) : Values{};
 
   Values par;
   std::mutex mu;
-  LaunchOptions lo;
-  lo.backend = "threads";
-  lo.timeout_s = cfg.timeout_s;
   launch(
       cfg.world_size,
       [&](RankContext& ctx) {
@@ -323,6 +336,8 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
       lo);
 
   VerifyReport report;
+  report.reported = reports;
+  if (!reports) return report;
   if (cfg.input_requires_grad && !ref.count("input.grad")) {
     report.note = "the model's input is integer tokens: --input-requires-grad has no effect";
   }

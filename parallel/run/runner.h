@@ -23,9 +23,9 @@ struct ParallelConfig {
   std::vector<int> mesh;  // empty: {world_size}; {dp, tp} for a 2-D mesh
   bool input_requires_grad = false;
   std::uint64_t seed = 0;
-  ModuleOptions module;  // dtype and device of parameters and batch
-  std::string backend = "threads";
-  double timeout_s = 60.0;  // threads backend: longest wait for the other ranks of a group
+  ModuleOptions module;             // dtype and device of parameters and batch
+  std::string backend = "threads";  // threads, fake (run only), mpi (one process per rank)
+  double timeout_s = 60.0;          // threads, mpi: longest wait for the other ranks of a group
 };
 
 // The mesh shape of a config, checked against the world size.
@@ -71,7 +71,8 @@ struct TraceOptions {
 
 // Runs opts.iters training iterations (forward, loss, backward, DDP, AdamW step) on every rank
 // (the fake backend runs only the traced ones) and returns the traced ranks' traces, with the
-// run's metadata. The losses (rank 0's view) go to `losses` when given.
+// run's metadata: those this process ran (with one process per rank, its own rank's, if
+// traced). The losses (rank 0's view, on the process that runs rank 0) go to `losses`.
 std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* losses = nullptr);
 
 struct TensorCheck {
@@ -82,13 +83,16 @@ struct TensorCheck {
 };
 
 struct VerifyReport {
+  bool reported = true;  // false on the processes other than rank 0's (mpi): nothing compared
   std::vector<TensorCheck> checks;
   bool pass() const;
   std::string note;  // e.g. why --input-requires-grad had no effect
 };
 
-// Runs cfg on the threads backend and on one device (same seed and batch); compares the output
-// and every parameter's gradient (and the input's, when asked) after one forward + backward.
+// Runs cfg on its backend (threads, or mpi: one process per rank) and on one device (same seed
+// and batch); compares the output and every parameter's gradient (and the input's, when asked)
+// after one forward + backward. With mpi, the process of rank 0 reports; the others return a
+// report with `reported` false.
 VerifyReport verify(const ParallelConfig& cfg, double tolerance = 1e-5);
 
 }  // namespace commtrace

@@ -817,7 +817,13 @@ TEST_CASE("launch and new_group check their arguments", "[comm]") {
   bad.backend = "nccl2";
   Error e = error_of([&] { launch(2, noop, bad); });
   REQUIRE(e.code() == ErrorCode::Unsupported);
-  REQUIRE(std::string(e.what()) == "launch: unknown backend 'nccl2' (expected threads or fake)");
+  REQUIRE(std::string(e.what()).starts_with("launch: unknown backend 'nccl2' (this build has "
+                                            "threads, fake"));
+  // The mpi backend runs under the mpi launcher only (one process per rank).
+  LaunchOptions mixed;
+  mixed.backend = "mpi";
+  e = error_of([&] { launch(2, noop, mixed); });
+  REQUIRE(contains(e.what(), "mpi"));
   LaunchOptions subset;
   subset.ranks = {0};
   e = error_of([&] { launch(2, noop, subset); });
