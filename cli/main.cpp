@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <random>
@@ -261,6 +263,9 @@ bool gather_traces(const ParallelArgs& p, std::vector<Trace>& traces) {
 
 // --per-rank-files DIR: this process's traces, one file per rank (DIR/rank-<r>.json).
 void write_per_rank_files(const std::string& dir, const std::vector<Trace>& traces) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  COMMTRACE_CHECK(!ec, ErrorCode::Io, "--per-rank-files: cannot create {}: {}", dir, ec.message());
   for (const Trace& t : traces) {
     write_trace_file(fmt::format("{}/rank-{}.json", dir, t.rank), {t});
   }
@@ -372,6 +377,7 @@ struct BenchArgs {
   StepBenchOptions step;
   std::string rank = "all";
   int ar_world = 2;
+  std::string ar_backend = "threads";
   double mib = 64;
   int rounds = 15;
 };
@@ -407,19 +413,24 @@ int cmd_bench_step(BenchArgs& a) {
 
 int cmd_bench_allreduce(BenchArgs& a) {
   const auto bytes = std::uint64_t(a.mib * 1024 * 1024);
-  fmt::print(
-      "commtrace bench allreduce: {} of f32 on {} threads ranks, {} rounds, a memcpy of the same "
-      "bytes after each\n",
-      format_bytes(bytes), a.ar_world, a.rounds);
-  std::fflush(stdout);
-  const AllReduceBenchResult r = bench_all_reduce(a.ar_world, bytes, a.rounds);
+  const Processes procs = processes_of(launcher_for(a.ar_backend));
+  if (a.ar_backend == "mpi") a.ar_world = procs.size;
+  if (procs.rank == 0) {
+    fmt::print(
+        "commtrace bench allreduce: {} of f32 on {} {} ranks, {} rounds, a memcpy of the same "
+        "bytes after each\n",
+        format_bytes(bytes), a.ar_world, a.ar_backend, a.rounds);
+    std::fflush(stdout);
+  }
+  const AllReduceBenchResult r = bench_all_reduce(a.ar_world, bytes, a.rounds, a.ar_backend);
+  if (!r.reported) return 0;
   fmt::print("  all_reduce        {:>10.2f} ms  (median)   busbw {:>7.2f} GB/s\n",
              r.all_reduce_s * 1e3, r.busbw_gbs);
   fmt::print("  memcpy            {:>10.2f} ms  (median)   {:>13.2f} GB/s\n", r.memcpy_s * 1e3,
              r.memcpy_gbs);
   fmt::print(
-      "  busbw / memcpy    {:>10.2f}     ({} ranks on {} cores move 2n·S bytes per all_reduce "
-      "of S; a memcpy moves 2·S on one core)\n",
+      "  busbw / memcpy    {:>10.2f}     ({} ranks on {} cores; a memcpy moves 2·S on one "
+      "core)\n",
       r.busbw_gbs / r.memcpy_gbs, r.world_size, r.cores);
   return 0;
 }
@@ -458,6 +469,55 @@ int cmd_diff(DiffArgs& d) {
   const DiffResult r = diff_traces(pick_rank(ta, d.rank, d.a), pick_rank(tb, d.rank, d.b), o);
   fmt::print("{}", render_diff(r, use_color()));
   return r.equal ? 0 : 1;
+}
+
+struct MergeArgs {
+  std::vector<std::string> files;
+  std::string out;
+  bool pretty = false;
+};
+
+// Joins per-rank trace files of one run (run --per-rank-files) into one trace file: the files
+// must hold the same metadata (the same run_id: one run) and distinct ranks.
+int cmd_merge(MergeArgs& a) {
+  std::vector<Trace> merged;
+  std::vector<std::string> source;  // the file of each merged trace
+  for (const std::string& file : a.files) {
+    for (Trace& t : load_traces(file)) {
+      COMMTRACE_CHECK(t.metadata.count("run_id") == 1, ErrorCode::InvalidArgument,
+                      "{}: rank {} has no run_id; merge joins the files of one run written with "
+                      "run --per-rank-files",
+                      file, t.rank);
+      if (!merged.empty()) {
+        const auto& want = merged.front().metadata;
+        for (const auto& [key, value] : want) {
+          const auto it = t.metadata.find(key);
+          const std::string got = it == t.metadata.end() ? "(none)" : it->second;
+          COMMTRACE_CHECK(got == value, ErrorCode::InvalidArgument,
+                          "{}: {} is {} but {} has {}: the files come from different runs", file,
+                          key, got, source.front(), value);
+        }
+        COMMTRACE_CHECK(t.metadata.size() == want.size(), ErrorCode::InvalidArgument,
+                        "{}: its metadata has keys {} has not: the files come from different runs",
+                        file, source.front());
+      }
+      for (std::size_t i = 0; i < merged.size(); ++i) {
+        COMMTRACE_CHECK(merged[i].rank != t.rank, ErrorCode::InvalidArgument,
+                        "{}: rank {} is also in {}", file, t.rank, source[i]);
+      }
+      merged.push_back(std::move(t));
+      source.push_back(file);
+    }
+  }
+  std::sort(merged.begin(), merged.end(),
+            [](const Trace& x, const Trace& y) { return x.rank < y.rank; });
+  write_trace_file(a.out, merged, a.pretty);
+  const auto world = merged.front().metadata.find("world_size");
+  fmt::print("wrote {}: {} rank{} of a world of {} from {} file{}\n", a.out, merged.size(),
+             merged.size() == 1 ? "" : "s",
+             world == merged.front().metadata.end() ? "?" : world->second, a.files.size(),
+             a.files.size() == 1 ? "" : "s");
+  return 0;
 }
 
 struct CheckArgs {
@@ -613,6 +673,13 @@ int main(int argc, char** argv) {
   diff_cmd->add_option("--depth", diff_args.depth,
                        "Compare modules down to this depth (0: totals only); default all");
 
+  MergeArgs merge_args;
+  auto* merge_cmd = app.add_subcommand(
+      "merge", "Join the per-rank trace files of one run (run --per-rank-files) into one");
+  merge_cmd->add_option("files", merge_args.files, "Per-rank trace JSON files")->required();
+  merge_cmd->add_option("-o,--output", merge_args.out, "The merged trace JSON")->required();
+  merge_cmd->add_flag("--pretty", merge_args.pretty, "Indent the output (compact by default)");
+
   CheckArgs check_args;
   auto* check_cmd =
       app.add_subcommand("check", "Compare a trace with a CI baseline (exit 1 on any change)");
@@ -645,10 +712,14 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
   auto* bench_ar_cmd = bench_cmd->add_subcommand(
-      "allreduce", "The threads backend's all_reduce bus bandwidth against memcpy");
+      "allreduce", "A backend's all_reduce bus bandwidth (threads or mpi) against memcpy");
   bench_ar_cmd->add_option("--world-size", bench_args.ar_world, "Ranks")
       ->capture_default_str()
       ->check(CLI::Range(2, 64));
+  bench_ar_cmd->add_option("--backend", bench_args.ar_backend,
+                           "threads, or mpi (under mpirun: one rank per process)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"threads", "mpi"}));
   bench_ar_cmd->add_option("--mib", bench_args.mib, "Buffer size in MiB")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 4096.0));
@@ -670,6 +741,7 @@ int main(int argc, char** argv) {
     if (*show_cmd) rc = cmd_show(show_args);
     if (*diff_cmd) rc = cmd_diff(diff_args);
     if (*check_cmd) rc = cmd_check(check_args);
+    if (*merge_cmd) rc = cmd_merge(merge_args);
     if (*bench_step_cmd) rc = cmd_bench_step(bench_args);
     if (*bench_ar_cmd) rc = cmd_bench_allreduce(bench_args);
   } catch (const Error& e) {

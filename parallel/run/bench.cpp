@@ -95,7 +95,8 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
   return result;
 }
 
-AllReduceBenchResult bench_all_reduce(int world_size, std::uint64_t bytes, int rounds) {
+AllReduceBenchResult bench_all_reduce(int world_size, std::uint64_t bytes, int rounds,
+                                      const std::string& backend) {
   COMMTRACE_CHECK(world_size >= 2 && rounds >= 1 && bytes >= 4 * std::uint64_t(world_size),
                   ErrorCode::InvalidArgument,
                   "bench all_reduce: world size {} must be >= 2, rounds {} >= 1, bytes {} >= 4 "
@@ -110,6 +111,10 @@ AllReduceBenchResult bench_all_reduce(int world_size, std::uint64_t bytes, int r
   std::vector<double> ar, mc;
   std::vector<int> ranks(static_cast<std::size_t>(world_size));
   for (int i = 0; i < world_size; ++i) ranks[std::size_t(i)] = i;
+  LaunchOptions lo;
+  lo.launcher = launcher_for(backend);
+  lo.backend = backend;
+  r.reported = processes_of(lo.launcher).rank == 0;
   launch(world_size, [&](RankContext& ctx) {
     auto comm = ctx.new_group("bench", ranks);
     Tensor t = Tensor::zeros({n});       // zeros stay zeros: no overflow, no denormals
@@ -127,7 +132,8 @@ AllReduceBenchResult bench_all_reduce(int world_size, std::uint64_t bytes, int r
       std::memcpy(dst.data(), src.data(), r.bytes);
       mc.push_back(seconds_since(c0));
     }
-  });
+  }, lo);
+  if (!r.reported) return r;
   r.all_reduce_s = median(ar);
   r.memcpy_s = median(mc);
   r.busbw_gbs =

@@ -34,6 +34,7 @@ struct StepBenchResult {
 StepBenchResult bench_step(const StepBenchOptions& o);
 
 struct AllReduceBenchResult {
+  bool reported = true;
   int world_size = 0;
   std::uint64_t bytes = 0;
   double all_reduce_s = 0;  // median per all_reduce
@@ -48,6 +49,9 @@ struct AllReduceBenchResult {
 
 // The median of `rounds` all_reduces of `bytes` (f32) on `world_size` threads ranks, interleaved
 // with memcpys of the same bytes.
-AllReduceBenchResult bench_all_reduce(int world_size, std::uint64_t bytes, int rounds);
+// backend: threads, or mpi (one process per rank under mpirun; the figures are on rank 0's
+// process, `reported` false elsewhere).
+AllReduceBenchResult bench_all_reduce(int world_size, std::uint64_t bytes, int rounds,
+                                      const std::string& backend = "threads");
 
 }  // namespace commtrace
