@@ -8,7 +8,9 @@
 //           print their last collectives.
 //   exit    the last rank returns without calling: the others time out likewise.
 // Exit codes: 0 ok, 1 a wrong value (message on stderr), anything else from the job's abort.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -31,6 +33,15 @@ Tensor filled(int r, std::int64_t n, DType dt) {
   return Tensor::from_vector(v, {n}, dt);
 }
 
+// Element k reduced over the ranks 0..world-1 in order.
+double reduced(ReduceOp op, int world, std::int64_t k) {
+  double acc = value(0, k);
+  for (int j = 1; j < world; ++j) {
+    acc = op == ReduceOp::Max ? std::max(acc, value(j, k)) : acc + value(j, k);
+  }
+  return op == ReduceOp::Avg ? acc / world : acc;
+}
+
 void expect(bool ok, const std::string& what) {
   if (!ok) throw Error(ErrorCode::Internal, "wrong value: " + what);
 }
@@ -47,11 +58,7 @@ void check_values(int rank, int world, Communicator& c) {
         c.all_reduce(t, op);
         const std::vector<double> got = t.to_vector();
         for (std::int64_t i = 0; i < n; ++i) {
-          double acc = value(0, i);
-          for (int j = 1; j < world; ++j) {
-            acc = op == ReduceOp::Max ? std::max(acc, value(j, i)) : acc + value(j, i);
-          }
-          if (op == ReduceOp::Avg) acc /= world;
+          const double acc = reduced(op, world, i);
           expect(std::abs(got[std::size_t(i)] - acc) <= 1e-2 * std::abs(acc),
                  "all_reduce " + d + " element " + std::to_string(i));
         }
@@ -59,12 +66,7 @@ void check_values(int rank, int world, Communicator& c) {
         c.reduce_scatter(in, out, op);
         const std::vector<double> rs = out.to_vector();
         for (std::int64_t i = 0; i < n; ++i) {
-          const std::int64_t k = rank * n + i;
-          double acc = value(0, k);
-          for (int j = 1; j < world; ++j) {
-            acc = op == ReduceOp::Max ? std::max(acc, value(j, k)) : acc + value(j, k);
-          }
-          if (op == ReduceOp::Avg) acc /= world;
+          const double acc = reduced(op, world, rank * n + i);
           expect(std::abs(rs[std::size_t(i)] - acc) <= 1e-2 * std::abs(acc),
                  "reduce_scatter " + d + " element " + std::to_string(i));
         }
