@@ -716,8 +716,9 @@ int main(int argc, char** argv) {
   bench_ar_cmd->add_option("--world-size", bench_args.ar_world, "Ranks")
       ->capture_default_str()
       ->check(CLI::Range(2, 64));
-  bench_ar_cmd->add_option("--backend", bench_args.ar_backend,
-                           "threads, or mpi (under mpirun: one rank per process)")
+  bench_ar_cmd
+      ->add_option("--backend", bench_args.ar_backend,
+                   "threads, or mpi (under mpirun: one rank per process)")
       ->capture_default_str()
       ->check(CLI::IsMember({"threads", "mpi"}));
   bench_ar_cmd->add_option("--mib", bench_args.mib, "Buffer size in MiB")

@@ -264,9 +264,10 @@ class MpiCommunicator final : public Communicator {
     if (c.op == Collective::Send || c.op == Collective::Recv) return run_p2p({&c, 1});
     const Tensor* t = c.op == Collective::Barrier ? nullptr : (c.out ? c.out : c.in);
     CallDesc d{c.op, DType::F32, {}, c.reduce, c.root};
-    if (c.op != Collective::Barrier) {
-      d.dtype = c.in->dtype();
-      d.shape = c.in->shape();
+    if (t) {  // described by `in` (the threads backend's CallDesc), or `out` when in place
+      const Tensor& described = c.in ? *c.in : *t;
+      d.dtype = described.dtype();
+      d.shape = described.shape();
     }
     Watchdog::Scope scope(backend_->watchdog(), d, c.seq, group(), ranks());
     check_same_call(d, c.seq);

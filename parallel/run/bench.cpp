@@ -115,24 +115,27 @@ AllReduceBenchResult bench_all_reduce(int world_size, std::uint64_t bytes, int r
   lo.launcher = launcher_for(backend);
   lo.backend = backend;
   r.reported = processes_of(lo.launcher).rank == 0;
-  launch(world_size, [&](RankContext& ctx) {
-    auto comm = ctx.new_group("bench", ranks);
-    Tensor t = Tensor::zeros({n});       // zeros stay zeros: no overflow, no denormals
-    comm->all_reduce(t, ReduceOp::Sum);  // warm-up
-    for (int i = 0; i < rounds; ++i) {
-      comm->barrier();
-      const Clock::time_point t0 = Clock::now();
-      comm->all_reduce(t, ReduceOp::Sum);
-      const double took = seconds_since(t0);
-      comm->barrier();
-      if (ctx.rank() != 0) continue;
-      ar.push_back(took);
-      // The reference: one thread copying the same bytes while the others wait.
-      const Clock::time_point c0 = Clock::now();
-      std::memcpy(dst.data(), src.data(), r.bytes);
-      mc.push_back(seconds_since(c0));
-    }
-  }, lo);
+  launch(
+      world_size,
+      [&](RankContext& ctx) {
+        auto comm = ctx.new_group("bench", ranks);
+        Tensor t = Tensor::zeros({n});       // zeros stay zeros: no overflow, no denormals
+        comm->all_reduce(t, ReduceOp::Sum);  // warm-up
+        for (int i = 0; i < rounds; ++i) {
+          comm->barrier();
+          const Clock::time_point t0 = Clock::now();
+          comm->all_reduce(t, ReduceOp::Sum);
+          const double took = seconds_since(t0);
+          comm->barrier();
+          if (ctx.rank() != 0) continue;
+          ar.push_back(took);
+          // The reference: one thread copying the same bytes while the others wait.
+          const Clock::time_point c0 = Clock::now();
+          std::memcpy(dst.data(), src.data(), r.bytes);
+          mc.push_back(seconds_since(c0));
+        }
+      },
+      lo);
   if (!r.reported) return r;
   r.all_reduce_s = median(ar);
   r.memcpy_s = median(mc);
