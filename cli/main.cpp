@@ -295,11 +295,12 @@ int cmd_run(RunArgs& a) {
   }
   std::vector<double> losses;
   std::vector<Trace> traces = trace_run(o, &losses);
+  std::vector<Trace> local;  // this process's traces, for --per-rank-files
   if (!a.per_rank_dir.empty()) {
     const std::string id = broadcast_from_first(launcher_for(o.cfg.backend), new_run_id());
     for (Trace& t : traces) t.metadata["run_id"] = id;
+    local = traces;
   }
-  std::vector<Trace> local = traces;
   const bool reports = gather_traces(a.p, traces);
   if (!a.per_rank_dir.empty()) write_per_rank_files(a.per_rank_dir, local);
   if (!reports) return 0;  // process 0 prints and writes the run's files
@@ -488,18 +489,26 @@ int cmd_merge(MergeArgs& a) {
                       "{}: rank {} has no run_id; merge joins the files of one run written with "
                       "run --per-rank-files",
                       file, t.rank);
-      if (!merged.empty()) {
+      if (!merged.empty() && t.metadata != merged.front().metadata) {
+        // Name the first key (in either file) whose values differ.
         const auto& want = merged.front().metadata;
-        for (const auto& [key, value] : want) {
-          const auto it = t.metadata.find(key);
-          const std::string got = it == t.metadata.end() ? "(none)" : it->second;
-          COMMTRACE_CHECK(got == value, ErrorCode::InvalidArgument,
-                          "{}: {} is {} but {} has {}: the files come from different runs", file,
-                          key, got, source.front(), value);
+        auto value = [](const auto& md, const std::string& key) {
+          const auto it = md.find(key);
+          return it == md.end() ? std::string("(none)") : it->second;
+        };
+        std::string key;
+        const std::map<std::string, std::string>& got = t.metadata;
+        for (const auto* md : {&want, &got}) {
+          for (const auto& kv : *md) {
+            if (key.empty() && value(want, kv.first) != value(got, kv.first)) {
+              key = kv.first;
+            }
+          }
         }
-        COMMTRACE_CHECK(t.metadata.size() == want.size(), ErrorCode::InvalidArgument,
-                        "{}: its metadata has keys {} has not: the files come from different runs",
-                        file, source.front());
+        throw Error(
+            ErrorCode::InvalidArgument,
+            fmt::format("{}: {} is {} but {} has {}: the files come from different runs", file, key,
+                        value(t.metadata, key), source.front(), value(want, key)));
       }
       for (std::size_t i = 0; i < merged.size(); ++i) {
         COMMTRACE_CHECK(merged[i].rank != t.rank, ErrorCode::InvalidArgument,

@@ -48,20 +48,23 @@ void run_threads(const std::shared_ptr<CommBackend>& backend, std::span<const in
   for (std::thread& t : threads) t.join();
 }
 
+// A launcher with several processes has all three process functions; one that runs every rank
+// in this process has none (one process: a gather or broadcast is the value itself).
 struct LauncherEntry {
   const char* name;
   void (*run)(const std::shared_ptr<CommBackend>&, std::span<const int>, const RankFn&);
-  // The processes of a launch: nullptr for one process running every requested rank.
   Processes (*processes)();
+  std::vector<std::string> (*gather)(const std::string& mine, double timeout_s);
+  std::string (*broadcast)(const std::string& value);
 };
 constexpr LauncherEntry kLaunchers[] = {
-    {"threads", run_threads, nullptr},
+    {"threads", run_threads, nullptr, nullptr, nullptr},
 #ifdef COMMTRACE_HAVE_MPI
     {"mpi",
      [](const std::shared_ptr<CommBackend>& b, std::span<const int>, const RankFn& fn) {
        mpi::run_rank(b, fn);
      },
-     mpi::processes},
+     mpi::processes, mpi::gather_to_first, mpi::broadcast_from_first},
 #endif
 };
 
@@ -104,6 +107,7 @@ const BackendEntry kBackends[] = {
 }  // namespace
 
 std::vector<std::string> launcher_names() { return names_of(kLaunchers); }
+std::vector<std::string> backend_names() { return names_of(kBackends); }
 
 std::string launcher_for(const std::string& backend) {
   return backend == "mpi" ? "mpi" : "threads";
@@ -116,23 +120,14 @@ Processes processes_of(const std::string& launcher) {
 
 std::vector<std::string> gather_to_first(const std::string& launcher, const std::string& mine,
                                          double timeout_s) {
-  if (processes_of(launcher).size == 1) return {mine};
-#ifdef COMMTRACE_HAVE_MPI
-  return mpi::gather_to_first(mine, timeout_s);
-#else
-  return {mine};  // unreachable: only the mpi launcher has several processes
-#endif
+  const LauncherEntry& e = find_launcher(launcher);
+  return e.gather ? e.gather(mine, timeout_s) : std::vector<std::string>{mine};
 }
 
 std::string broadcast_from_first(const std::string& launcher, const std::string& value) {
-  if (processes_of(launcher).size == 1) return value;
-#ifdef COMMTRACE_HAVE_MPI
-  return mpi::broadcast_from_first(value);
-#else
-  return value;
-#endif
+  const LauncherEntry& e = find_launcher(launcher);
+  return e.broadcast ? e.broadcast(value) : value;
 }
-std::vector<std::string> backend_names() { return names_of(kBackends); }
 
 // ---------------------------------------------------------------- Job
 
@@ -252,8 +247,7 @@ void launch(int world_size, const std::function<void(RankContext&)>& fn,
                   "launch: unknown backend '{}' (this build has {}{})", options.backend,
                   fmt::join(backend_names(), ", "),
                   options.backend == "mpi" ? "; mpi needs a build with MPI: libopenmpi-dev" : "");
-  COMMTRACE_CHECK((std::string(backend->name) == "mpi") == (std::string(launcher->name) == "mpi"),
-                  ErrorCode::InvalidArgument,
+  COMMTRACE_CHECK(launcher_for(backend->name) == launcher->name, ErrorCode::InvalidArgument,
                   "launch: the {} backend does not run under the {} launcher", backend->name,
                   launcher->name);
   if (launcher->processes) {

@@ -141,7 +141,7 @@ class Watchdog {
       std::lock_guard<std::mutex> lock(w_.mu_);
       w_.active_ = false;
       w_.current_.end = Clock::now();
-      w_.history_[w_.recorded_++ % kHistory] = w_.current_;
+      w_.history_[w_.recorded_++ % kHistory] = std::move(w_.current_);
     }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
@@ -155,9 +155,9 @@ class Watchdog {
     CallDesc desc;
     const char* label = nullptr;
     std::uint64_t seq = 0;
-    std::string str() const { return label ? label : call_str(desc); }
     std::string group;
     Clock::time_point start, end;
+    std::string str() const { return label ? label : call_str(desc); }
   };
   static constexpr std::size_t kHistory = 8;
 

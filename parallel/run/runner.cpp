@@ -168,8 +168,8 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
                   device_name(cfg.module.device));
   resolve_plan(resolve_model(cfg.model).family, cfg.plan);  // fail early, before any thread
 
-  std::vector<Trace> traces(traced.size());
-  std::vector<bool> filled(traced.size(), false);
+  // Slot i: the trace of traced[i], when this process ran that rank.
+  std::vector<std::optional<Trace>> traces(traced.size());
   std::vector<double> rank0_losses;
   std::mutex mu;
   LaunchOptions lo;
@@ -212,15 +212,13 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
                       {"input_requires_grad", cfg.input_requires_grad ? "true" : "false"}};
         std::lock_guard<std::mutex> lock(mu);
         traces[std::size_t(slot - traced.begin())] = std::move(t);
-        filled[std::size_t(slot - traced.begin())] = true;
         if (ctx.rank() == 0) rank0_losses = mine;
       },
       lo);
   if (losses) *losses = rank0_losses;
-  // One process per rank: only this process's rank was traced here.
   std::vector<Trace> out;
-  for (std::size_t i = 0; i < traces.size(); ++i) {
-    if (filled[i]) out.push_back(std::move(traces[i]));
+  for (std::optional<Trace>& t : traces) {
+    if (t) out.push_back(std::move(*t));
   }
   return out;
 }
