@@ -98,6 +98,10 @@ class Kernels {
   virtual void gelu_forward(DType dt, const void* x, void* out, i64 n) const = 0;
   virtual void gelu_backward(DType dt, const void* grad_out, const void* x, void* grad_in,
                              i64 n) const = 0;
+  // SiLU, x * sigmoid(x) (the gate of a SwiGLU feed-forward).
+  virtual void silu_forward(DType dt, const void* x, void* out, i64 n) const = 0;
+  virtual void silu_backward(DType dt, const void* grad_out, const void* x, void* grad_in,
+                             i64 n) const = 0;
   // Counter-based dropout: element i of stream `seed` is kept with probability 1 - p and scaled
   // by 1/(1-p); the same (seed, i) always decides the same. mask (acc) holds the applied scale.
   virtual void dropout_forward(DType dt, const void* x, void* out, void* mask, i64 n, double p,
@@ -113,30 +117,36 @@ class Kernels {
                                 i64 rows, i64 cols) const = 0;
   // out = (x - mean) * rstd * w + b; mean and rstd (rows, acc) are saved. w, b (cols) or null.
   virtual void layernorm_forward(DType dt, const void* x, const void* w, const void* b, void* out,
-                                 void* mean, void* rstd, i64 rows, i64 cols,
-                                 double eps) const = 0;
+                                 void* mean, void* rstd, i64 rows, i64 cols, double eps) const = 0;
   // Overwrites grad_x, and grad_w / grad_b (cols, dtype dt) when not null.
   virtual void layernorm_backward(DType dt, const void* grad_out, const void* x, const void* w,
                                   const void* mean, const void* rstd, void* grad_x, void* grad_w,
                                   void* grad_b, i64 rows, i64 cols) const = 0;
 
+  // RMSNorm: out = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps) per row (rows, acc)
+  // saved; w (cols) or null.
+  virtual void rmsnorm_forward(DType dt, const void* x, const void* w, void* out, void* rstd,
+                               i64 rows, i64 cols, double eps) const = 0;
+  // Overwrites grad_x, and grad_w (cols, dtype dt) when not null.
+  virtual void rmsnorm_backward(DType dt, const void* grad_out, const void* x, const void* w,
+                                const void* rstd, void* grad_x, void* grad_w, i64 rows,
+                                i64 cols) const = 0;
+
   // ---- reductions: x viewed as (outer, dim, inner) ----
   virtual void sum_dim(DType dt, const void* x, void* out, i64 outer, i64 dim,
-                       i64 inner) const = 0;  // out (outer, inner)
+                       i64 inner) const = 0;                                  // out (outer, inner)
   virtual void sum_all(DType dt, const void* x, void* out, i64 n) const = 0;  // out: 1 element
 
   // ---- embedding ----
   // out (n, dim) = rows of weight for idx. weight holds rows [row_begin, row_begin + rows) of the
   // full table of `vocab` rows; an index outside that range gives a zero row (the masked lookup
   // of a row-sharded table); an index < 0 or >= vocab throws InvalidArgument.
-  virtual void embedding_forward(DType dt, const i64* idx, i64 n, const void* weight,
-                                 i64 row_begin, i64 rows, i64 vocab, i64 dim,
-                                 void* out) const = 0;
+  virtual void embedding_forward(DType dt, const i64* idx, i64 n, const void* weight, i64 row_begin,
+                                 i64 rows, i64 vocab, i64 dim, void* out) const = 0;
   // grad_weight (rows, dim) = the grad_out rows scattered and summed by index, masked the same
   // way (overwritten).
   virtual void embedding_backward(DType dt, const void* grad_out, const i64* idx, i64 n,
-                                  void* grad_weight, i64 row_begin, i64 rows,
-                                  i64 dim) const = 0;
+                                  void* grad_weight, i64 row_begin, i64 rows, i64 dim) const = 0;
 
   // ---- scaled-dot-product attention: q, k, v, out (bh, t, d); probs (bh, t, t) acc ----
   virtual void attention_forward(DType dt, const void* q, const void* k, const void* v, void* out,
@@ -148,12 +158,32 @@ class Kernels {
                                   void* grad_v, i64 bh, i64 t, i64 d, double scale) const = 0;
 
   // ---- cross-entropy, mean over n rows: logits (n, c), targets (n) in [0, c) else throws ----
-  virtual void cross_entropy_forward(DType dt, const void* logits, const i64* targets, i64 n,
-                                     i64 c, void* loss) const = 0;  // loss: 1 element, dt
+  virtual void cross_entropy_forward(DType dt, const void* logits, const i64* targets, i64 n, i64 c,
+                                     void* loss) const = 0;  // loss: 1 element, dt
   // grad_logits = grad_loss * (softmax(logits) - onehot(target)) / n; grad_loss: 1 element, dt.
   virtual void cross_entropy_backward(DType dt, const void* grad_loss, const void* logits,
                                       const i64* targets, void* grad_logits, i64 n,
                                       i64 c) const = 0;
+
+  // ---- cross-entropy over a class shard (PyTorch's loss_parallel): logits (n, c) hold classes
+  // [col_begin, col_begin + c) of rows of `vocab` classes; max, sumexp, picked (n) in acc. The
+  // caller reduces each statistic over the shards between the calls (max: Max; sumexp, picked:
+  // Sum). ----
+  // max[r] = max_j logits[r, j] (-infinity when c == 0).
+  virtual void ce_shard_max(DType dt, const void* logits, i64 n, i64 c, void* max) const = 0;
+  // With the global max: sumexp[r] = sum_j exp(logits[r, j] - max[r]); picked[r] = the logit of
+  // target t = targets[r] when t falls in the shard, else 0. A target outside [0, vocab) throws.
+  virtual void ce_shard_stats(DType dt, const void* logits, const i64* targets, const void* max,
+                              i64 n, i64 c, i64 col_begin, i64 vocab, void* sumexp,
+                              void* picked) const = 0;
+  // loss (1 element, dt) = mean over the n rows of max + log(sumexp) - picked.
+  virtual void ce_shard_loss(DType dt, const void* max, const void* sumexp, const void* picked,
+                             i64 n, void* loss) const = 0;
+  // grad_logits = grad_loss / n * (exp(logits - max) / sumexp - [column is the target]);
+  // grad_loss: 1 element, dt.
+  virtual void ce_shard_backward(DType dt, const void* grad_loss, const void* logits,
+                                 const i64* targets, const void* max, const void* sumexp, i64 n,
+                                 i64 c, i64 col_begin, void* grad_logits) const = 0;
 
   // ---- layout: data movement of any storage dtype (i64 included) ----
   // out = in permuted: out dim i is in dim perm[i]; shapes are the input's.
@@ -163,8 +193,8 @@ class Kernels {
   virtual void narrow(DType dt, const void* in, const Shape& in_shape, int dim, i64 start, i64 len,
                       void* out) const = 0;
   // dst[..., start:start+src_len, ...] = src along dim (the rest of dst untouched).
-  virtual void narrow_scatter(DType dt, const void* src, const Shape& src_shape, int dim,
-                              i64 start, void* dst, const Shape& dst_shape) const = 0;
+  virtual void narrow_scatter(DType dt, const void* src, const Shape& src_shape, int dim, i64 start,
+                              void* dst, const Shape& dst_shape) const = 0;
 
   // ---- optimizers: one fused in-place update per parameter; p, g in dt (f32 or f64) ----
   virtual void sgd_step(DType dt, void* p, const void* g, void* momentum_buf, i64 n,
@@ -177,8 +207,8 @@ class Kernels {
   // [begin, end), in every dtype (bf16 reduced in f32, i64 exactly; Avg divides by n_srcs). A dst
   // may alias a src: each block of every source is read before it is written. op is Sum, Avg
   // or Max.
-  virtual void reduce(DType dt, ReduceOp op, const void* const* srcs, int n_srcs,
-                      void* const* dsts, int n_dsts, i64 begin, i64 end) const = 0;
+  virtual void reduce(DType dt, ReduceOp op, const void* const* srcs, int n_srcs, void* const* dsts,
+                      int n_dsts, i64 begin, i64 end) const = 0;
 };
 
 // The kernels of a device type. Throws Unsupported for a device this build has no kernels for.

@@ -280,6 +280,16 @@ class CpuKernels final : public Kernels {
       ref::gelu_backward(io.in(grad_out, n), io.in(x, n), io.out(grad_in, n), n);
     });
   }
+  void silu_forward(DType dt, const void* x, void* out, i64 n) const override {
+    floating("silu_forward", dt,
+             [&](auto& io) { ref::silu_forward(io.in(x, n), io.out(out, n), n); });
+  }
+  void silu_backward(DType dt, const void* grad_out, const void* x, void* grad_in,
+                     i64 n) const override {
+    floating("silu_backward", dt, [&](auto& io) {
+      ref::silu_backward(io.in(grad_out, n), io.in(x, n), io.out(grad_in, n), n);
+    });
+  }
   void dropout_forward(DType dt, const void* x, void* out, void* mask, i64 n, double p,
                        std::uint64_t seed) const override {
     floating("dropout_forward", dt, [&](auto& io) {
@@ -326,6 +336,25 @@ class CpuKernels final : public Kernels {
       ref::layernorm_backward(io.in(grad_out, n), io.in(x, n), io.in(w, cols), acc<T>(mean),
                               acc<T>(rstd), io.out(grad_x, n), io.out(grad_w, cols),
                               io.out(grad_b, cols), rows, cols);
+    });
+  }
+  void rmsnorm_forward(DType dt, const void* x, const void* w, void* out, void* rstd, i64 rows,
+                       i64 cols, double eps) const override {
+    floating("rmsnorm_forward", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      const i64 n = rows * cols;
+      ref::rmsnorm_forward(io.in(x, n), io.in(w, cols), io.out(out, n), acc<T>(rstd), rows, cols,
+                           eps);
+    });
+  }
+  void rmsnorm_backward(DType dt, const void* grad_out, const void* x, const void* w,
+                        const void* rstd, void* grad_x, void* grad_w, i64 rows,
+                        i64 cols) const override {
+    floating("rmsnorm_backward", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      const i64 n = rows * cols;
+      ref::rmsnorm_backward(io.in(grad_out, n), io.in(x, n), io.in(w, cols), acc<T>(rstd),
+                            io.out(grad_x, n), io.out(grad_w, cols), rows, cols);
     });
   }
   void sum_dim(DType dt, const void* x, void* out, i64 outer, i64 dim, i64 inner) const override {
@@ -388,6 +417,36 @@ class CpuKernels final : public Kernels {
     floating("cross_entropy_backward", dt, [&](auto& io) {
       ref::cross_entropy_backward(io.in(grad_loss, 1), io.in(logits, n * c), targets,
                                   io.out(grad_logits, n * c), n, c);
+    });
+  }
+  void ce_shard_max(DType dt, const void* logits, i64 n, i64 c, void* max) const override {
+    floating("ce_shard_max", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      ref::ce_shard_max(io.in(logits, n * c), n, c, acc<T>(max));
+    });
+  }
+  void ce_shard_stats(DType dt, const void* logits, const i64* targets, const void* max, i64 n,
+                      i64 c, i64 col_begin, i64 vocab, void* sumexp, void* picked) const override {
+    floating("ce_shard_stats", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      ref::ce_shard_stats(io.in(logits, n * c), targets, acc<T>(max), n, c, col_begin, vocab,
+                          acc<T>(sumexp), acc<T>(picked));
+    });
+  }
+  void ce_shard_loss(DType dt, const void* max, const void* sumexp, const void* picked, i64 n,
+                     void* loss) const override {
+    floating("ce_shard_loss", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      ref::ce_shard_loss(acc<T>(max), acc<T>(sumexp), acc<T>(picked), n, io.out(loss, 1));
+    });
+  }
+  void ce_shard_backward(DType dt, const void* grad_loss, const void* logits, const i64* targets,
+                         const void* max, const void* sumexp, i64 n, i64 c, i64 col_begin,
+                         void* grad_logits) const override {
+    floating("ce_shard_backward", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      ref::ce_shard_backward(io.in(grad_loss, 1), io.in(logits, n * c), targets, acc<T>(max),
+                             acc<T>(sumexp), n, c, col_begin, io.out(grad_logits, n * c));
     });
   }
 

@@ -41,6 +41,17 @@ COMMTRACE_HD inline T gelu_grad(T x) {
   return cdf + x * pdf;
 }
 
+// SiLU (swish), x * sigmoid(x); its derivative s (1 + x (1 - s)) with s = sigmoid(x).
+template <typename T>
+COMMTRACE_HD inline T silu(T x) {
+  return x / (T(1) + exp_of(-x));
+}
+template <typename T>
+COMMTRACE_HD inline T silu_grad(T x) {
+  const T s = T(1) / (T(1) + exp_of(-x));
+  return s * (T(1) + x * (T(1) - s));
+}
+
 COMMTRACE_HD inline std::uint64_t splitmix64(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;

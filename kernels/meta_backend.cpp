@@ -29,6 +29,8 @@ class MetaKernels final : public Kernels {
   void relu_backward(DType, const void*, const void*, void*, i64) const override {}
   void gelu_forward(DType, const void*, void*, i64) const override {}
   void gelu_backward(DType, const void*, const void*, void*, i64) const override {}
+  void silu_forward(DType, const void*, void*, i64) const override {}
+  void silu_backward(DType, const void*, const void*, void*, i64) const override {}
   void dropout_forward(DType, const void*, void*, void*, i64, double,
                        std::uint64_t) const override {}
   void dropout_backward(DType, const void*, const void*, void*, i64) const override {}
@@ -39,6 +41,10 @@ class MetaKernels final : public Kernels {
                          i64, double) const override {}
   void layernorm_backward(DType, const void*, const void*, const void*, const void*, const void*,
                           void*, void*, void*, i64, i64) const override {}
+  void rmsnorm_forward(DType, const void*, const void*, void*, void*, i64, i64,
+                       double) const override {}
+  void rmsnorm_backward(DType, const void*, const void*, const void*, const void*, void*, void*,
+                        i64, i64) const override {}
   void sum_dim(DType, const void*, void*, i64, i64, i64) const override {}
   void sum_all(DType, const void*, void*, i64) const override {}
 
@@ -53,6 +59,12 @@ class MetaKernels final : public Kernels {
   void cross_entropy_forward(DType, const void*, const i64*, i64, i64, void*) const override {}
   void cross_entropy_backward(DType, const void*, const void*, const i64*, void*, i64,
                               i64) const override {}
+  void ce_shard_max(DType, const void*, i64, i64, void*) const override {}
+  void ce_shard_stats(DType, const void*, const i64*, const void*, i64, i64, i64, i64, void*,
+                      void*) const override {}
+  void ce_shard_loss(DType, const void*, const void*, const void*, i64, void*) const override {}
+  void ce_shard_backward(DType, const void*, const void*, const i64*, const void*, const void*, i64,
+                         i64, i64, void*) const override {}
 
   void permute(DType, const void*, const Shape&, const int*, void*) const override {}
   void narrow(DType, const void*, const Shape&, int, i64, i64, void*) const override {}

@@ -259,6 +259,16 @@ void gelu_backward(const T* grad_out, const T* x, T* grad_in, i64 n) {
 }
 
 template <typename T>
+void silu_forward(const T* x, T* out, i64 n) {
+  for (i64 i = 0; i < n; ++i) out[i] = math::silu(x[i]);
+}
+
+template <typename T>
+void silu_backward(const T* grad_out, const T* x, T* grad_in, i64 n) {
+  for (i64 i = 0; i < n; ++i) grad_in[i] = grad_out[i] * math::silu_grad(x[i]);
+}
+
+template <typename T>
 void dropout_forward(const T* x, T* out, T* mask, i64 n, double p, std::uint64_t seed) {
   const T pt = T(p);
   COMMTRACE_CHECK(pt >= T(0) && pt < T(1), ErrorCode::InvalidArgument,
@@ -343,6 +353,49 @@ void layernorm_backward(const T* grad_out, const T* x, const T* w, const T* mean
       const T xhat = (xr[j] - mean[r]) * rstd[r];
       const T g = w ? go[j] * w[j] : go[j];
       grad_x[r * cols + j] = rstd[r] * (g - mean_g - xhat * mean_gx);
+    }
+  }
+}
+
+template <typename T>
+void rmsnorm_forward(const T* x, const T* w, T* out, T* rstd, i64 rows, i64 cols, double eps) {
+  const double e = double(T(eps));
+  for (i64 r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    double ms = 0;
+    for (i64 j = 0; j < cols; ++j) ms += double(xr[j]) * xr[j];
+    ms = cols ? ms / double(cols) : 0.0;
+    const double rs = 1.0 / std::sqrt(ms + e);
+    rstd[r] = T(rs);
+    for (i64 j = 0; j < cols; ++j) {
+      T y = T(xr[j] * rs);
+      if (w) y *= w[j];
+      out[r * cols + j] = y;
+    }
+  }
+}
+
+// With g = grad_out * w and xhat = x * rstd: grad_x = rstd * (g - xhat * mean(g * xhat));
+// grad_w = sum over rows of grad_out * xhat.
+template <typename T>
+void rmsnorm_backward(const T* grad_out, const T* x, const T* w, const T* rstd, T* grad_x,
+                      T* grad_w, i64 rows, i64 cols) {
+  if (grad_w) std::fill_n(grad_w, cols, T(0));
+  for (i64 r = 0; r < rows; ++r) {
+    const T* go = grad_out + r * cols;
+    const T* xr = x + r * cols;
+    double sum_gx = 0;
+    for (i64 j = 0; j < cols; ++j) {
+      const T xhat = xr[j] * rstd[r];
+      const T g = w ? go[j] * w[j] : go[j];
+      sum_gx += double(g) * xhat;
+      if (grad_w) grad_w[j] += go[j] * xhat;
+    }
+    const T mean_gx = T(sum_gx / double(cols));
+    for (i64 j = 0; j < cols; ++j) {
+      const T xhat = xr[j] * rstd[r];
+      const T g = w ? go[j] * w[j] : go[j];
+      grad_x[r * cols + j] = rstd[r] * (g - xhat * mean_gx);
     }
   }
 }
@@ -451,6 +504,50 @@ void cross_entropy_backward(const T* grad_loss, const T* logits, const i64* targ
     for (i64 j = 0; j < c; ++j) {
       const double y = std::exp(double(logits[r * c + j]) - lse) - (j == targets[r] ? 1.0 : 0.0);
       grad_logits[r * c + j] = T(g * y);
+    }
+  }
+}
+
+template <typename T>
+void ce_shard_max(const T* logits, i64 n, i64 c, T* max) {
+  for (i64 r = 0; r < n; ++r) {
+    T m = -std::numeric_limits<T>::infinity();
+    for (i64 j = 0; j < c; ++j) m = std::max(m, logits[r * c + j]);
+    max[r] = m;
+  }
+}
+
+template <typename T>
+void ce_shard_stats(const T* logits, const i64* targets, const T* max, i64 n, i64 c, i64 col_begin,
+                    i64 vocab, T* sumexp, T* picked) {
+  for (i64 r = 0; r < n; ++r) {
+    check_target("ce_shard_stats", targets[r], r, vocab);
+    double s = 0;
+    for (i64 j = 0; j < c; ++j) s += std::exp(double(logits[r * c + j]) - double(max[r]));
+    sumexp[r] = T(s);
+    const i64 t = targets[r] - col_begin;
+    picked[r] = t >= 0 && t < c ? logits[r * c + t] : T(0);
+  }
+}
+
+template <typename T>
+void ce_shard_loss(const T* max, const T* sumexp, const T* picked, i64 n, T* loss) {
+  double sum = 0;
+  for (i64 r = 0; r < n; ++r) {
+    sum += double(max[r]) + std::log(double(sumexp[r])) - double(picked[r]);
+  }
+  *loss = T(sum / double(n));
+}
+
+template <typename T>
+void ce_shard_backward(const T* grad_loss, const T* logits, const i64* targets, const T* max,
+                       const T* sumexp, i64 n, i64 c, i64 col_begin, T* grad_logits) {
+  const double g = double(*grad_loss) / double(n);
+  for (i64 r = 0; r < n; ++r) {
+    const i64 t = targets[r] - col_begin;
+    for (i64 j = 0; j < c; ++j) {
+      const double p = std::exp(double(logits[r * c + j]) - double(max[r])) / double(sumexp[r]);
+      grad_logits[r * c + j] = T(g * (p - (j == t ? 1.0 : 0.0)));
     }
   }
 }
@@ -599,6 +696,8 @@ void reduce(ReduceOp op, const T* const* srcs, int n_srcs, T* const* dsts, int n
   template void relu_backward<T>(const T*, const T*, T*, i64);                                     \
   template void gelu_forward<T>(const T*, T*, i64);                                                \
   template void gelu_backward<T>(const T*, const T*, T*, i64);                                     \
+  template void silu_forward<T>(const T*, T*, i64);                                                \
+  template void silu_backward<T>(const T*, const T*, T*, i64);                                     \
   template void dropout_forward<T>(const T*, T*, T*, i64, double, std::uint64_t);                  \
   template void dropout_backward<T>(const T*, const T*, T*, i64);                                  \
   template void softmax_forward<T>(const T*, T*, i64, i64);                                        \
@@ -606,6 +705,8 @@ void reduce(ReduceOp op, const T* const* srcs, int n_srcs, T* const* dsts, int n
   template void layernorm_forward<T>(const T*, const T*, const T*, T*, T*, T*, i64, i64, double);  \
   template void layernorm_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*,    \
                                       T*, i64, i64);                                               \
+  template void rmsnorm_forward<T>(const T*, const T*, T*, T*, i64, i64, double);                  \
+  template void rmsnorm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, i64, i64);     \
   template void sum_dim<T>(const T*, T*, i64, i64, i64);                                           \
   template void sum_all<T>(const T*, T*, i64);                                                     \
   template void embedding_forward<T>(const i64*, i64, const T*, i64, i64, i64, i64, T*);           \
@@ -616,6 +717,11 @@ void reduce(ReduceOp op, const T* const* srcs, int n_srcs, T* const* dsts, int n
                                       T*, i64, i64, i64, double, Matmul<T>);                       \
   template void cross_entropy_forward<T>(const T*, const i64*, i64, i64, T*);                      \
   template void cross_entropy_backward<T>(const T*, const T*, const i64*, T*, i64, i64);           \
+  template void ce_shard_max<T>(const T*, i64, i64, T*);                                           \
+  template void ce_shard_stats<T>(const T*, const i64*, const T*, i64, i64, i64, i64, T*, T*);     \
+  template void ce_shard_loss<T>(const T*, const T*, const T*, i64, T*);                           \
+  template void ce_shard_backward<T>(const T*, const T*, const i64*, const T*, const T*, i64, i64, \
+                                     i64, T*);                                                     \
   template void sgd_step<T>(T*, const T*, T*, i64, const SgdArgs&);                                \
   template void adamw_step<T>(T*, const T*, T*, T*, i64, const AdamWArgs&);
 COMMTRACE_FLOATING(float)

@@ -46,6 +46,10 @@ template <typename T>
 void gelu_forward(const T* x, T* out, i64 n);
 template <typename T>
 void gelu_backward(const T* grad_out, const T* x, T* grad_in, i64 n);
+template <typename T>
+void silu_forward(const T* x, T* out, i64 n);
+template <typename T>
+void silu_backward(const T* grad_out, const T* x, T* grad_in, i64 n);
 // REQUIRES: p in [0, 1) (else InvalidArgument).
 template <typename T>
 void dropout_forward(const T* x, T* out, T* mask, i64 n, double p, std::uint64_t seed);
@@ -63,6 +67,11 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* out, T* mean, T* r
 template <typename T>
 void layernorm_backward(const T* grad_out, const T* x, const T* w, const T* mean, const T* rstd,
                         T* grad_x, T* grad_w, T* grad_b, i64 rows, i64 cols);
+template <typename T>
+void rmsnorm_forward(const T* x, const T* w, T* out, T* rstd, i64 rows, i64 cols, double eps);
+template <typename T>
+void rmsnorm_backward(const T* grad_out, const T* x, const T* w, const T* rstd, T* grad_x,
+                      T* grad_w, i64 rows, i64 cols);
 template <typename T>
 void sum_dim(const T* x, T* out, i64 outer, i64 dim, i64 inner);
 template <typename T>
@@ -89,6 +98,16 @@ void cross_entropy_forward(const T* logits, const i64* targets, i64 n, i64 c, T*
 template <typename T>
 void cross_entropy_backward(const T* grad_loss, const T* logits, const i64* targets, T* grad_logits,
                             i64 n, i64 c);
+template <typename T>
+void ce_shard_max(const T* logits, i64 n, i64 c, T* max);
+template <typename T>
+void ce_shard_stats(const T* logits, const i64* targets, const T* max, i64 n, i64 c, i64 col_begin,
+                    i64 vocab, T* sumexp, T* picked);
+template <typename T>
+void ce_shard_loss(const T* max, const T* sumexp, const T* picked, i64 n, T* loss);
+template <typename T>
+void ce_shard_backward(const T* grad_loss, const T* logits, const i64* targets, const T* max,
+                       const T* sumexp, i64 n, i64 c, i64 col_begin, T* grad_logits);
 
 // ---- layout: T is any element type (the CPU backend moves bits as unsigned integers) ----
 template <typename T>

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "parallel/nn/decoder.h"
 #include "parallel/tensor/ops.h"
 #include "tracer/json_io.h"
 
@@ -180,6 +181,35 @@ void set_transformer(ModelEntry& t, const ModelArgs& a, std::int64_t batch, std:
     return b;
   };
   t.loss = [](const Tensor& out, const Batch& b) { return cross_entropy(out, b.target); };
+  t.cross_entropy_loss = true;
+}
+
+// Decoder(args) on tokens (batch, seq_len).
+void set_decoder(ModelEntry& e, const DecoderArgs& a, std::int64_t batch, std::int64_t seq) {
+  a.check();
+  e.input = fmt::format("i64 tokens ({}, {})", batch, seq);
+  e.build = [a](std::uint64_t seed, const ModuleOptions& o) {
+    Generator gen(seed);
+    return std::make_shared<Decoder>(a, gen, o);
+  };
+  e.batch = [a, batch, seq](std::uint64_t seed, const ModuleOptions& o, std::int64_t scale) {
+    Generator gen(seed ^ 0x5eedba7c4ull);
+    Batch b;
+    b.input = randint({batch * scale, seq}, 0, a.vocab_size, gen, o.device);
+    b.target = randint({batch * scale, seq}, 0, a.vocab_size, gen, o.device);
+    return b;
+  };
+  e.loss = [](const Tensor& out, const Batch& b) { return cross_entropy(out, b.target); };
+  e.cross_entropy_loss = true;
+}
+
+std::string decoder_description(const DecoderArgs& a) {
+  return fmt::format(
+      "Decoder: {} layers, vocab {}, dim {}, {} heads ({} kv), ffn {}, {}, {}, {}, {} qkv{}{}",
+      a.n_layers, a.vocab_size, a.dim, a.n_heads, a.kv_heads(), a.ffn_dim(),
+      a.rms_norm ? "RMSNorm" : "LayerNorm", a.swiglu ? "SwiGLU" : "GELU",
+      a.rope ? "RoPE" : "learned positions", a.fused_qkv ? "fused" : "separate",
+      a.bias ? ", biases" : "", a.tie_embeddings ? ", tied output" : "");
 }
 
 std::vector<ModelEntry> build_zoo() {
@@ -201,6 +231,15 @@ std::vector<ModelEntry> build_zoo() {
       "Transformer(ModelArgs): 2 layers, vocab 8, max_seq_len 16, dim 16, 4 heads, tied output";
   set_transformer(t, ModelArgs{}, 8, 8);
   zoo.push_back(std::move(t));
+
+  // A tiny Llama-style decoder; model files resize and reshape it (samples/models/).
+  ModelEntry d;
+  d.name = "decoder";
+  d.family = "decoder";
+  const DecoderArgs da;
+  d.description = decoder_description(da);
+  set_decoder(d, da, 4, 8);
+  zoo.push_back(std::move(d));
   return zoo;
 }
 
@@ -242,6 +281,17 @@ ModelEntry model_from_json_text(const std::string& text, const std::string& sour
   };
   // Sizes a model file may ask for; larger ones would overflow element counts.
   constexpr std::int64_t kMaxDim = std::int64_t(1) << 31;
+  // The largest tensors must fit a tensor's element limit with room for a 4096-way data-
+  // parallel batch; each factor is below 2^31, so no product of two overflows.
+  constexpr std::int64_t kMaxElements = kMaxNumel >> 12;
+  auto fits = [&](const char* what, const char* factors, std::initializer_list<std::int64_t> f) {
+    std::int64_t n = 1;
+    for (std::int64_t x : f) {
+      if (__builtin_mul_overflow(n, x, &n) || n > kMaxElements) {
+        rd.fail(apath, fmt::format("{} ({}) hold more than 2^47 elements", what, factors));
+      }
+    }
+  };
   if (e.family == "transformer") {
     rd.check_keys(args, apath,
                   {"n_layers", "vocab_size", "max_seq_len", "dim", "n_heads", "weight_tying",
@@ -264,17 +314,6 @@ ModelEntry model_from_json_text(const std::string& text, const std::string& sour
               fmt::format("seq_len {} exceeds max_seq_len {}", seq, a.max_seq_len));
     }
     const std::int64_t batch = get_int("batch", 8, kMaxDim);
-    // The largest tensors must fit a tensor's element limit with room for a 4096-way data-
-    // parallel batch; each factor is below 2^31, so no product of two overflows.
-    constexpr std::int64_t kMaxElements = kMaxNumel >> 12;
-    auto fits = [&](const char* what, const char* factors, std::initializer_list<std::int64_t> f) {
-      std::int64_t n = 1;
-      for (std::int64_t x : f) {
-        if (__builtin_mul_overflow(n, x, &n) || n > kMaxElements) {
-          rd.fail(apath, fmt::format("{} ({}) hold more than 2^47 elements", what, factors));
-        }
-      }
-    };
     fits("the logits", "batch × seq_len × vocab_size", {batch, seq, a.vocab_size});
     fits("the feed-forward activations", "batch × seq_len × 4 × dim", {batch, seq, 4, a.dim});
     fits("the token embedding", "vocab_size × dim", {a.vocab_size, a.dim});
@@ -283,6 +322,69 @@ ModelEntry model_from_json_text(const std::string& text, const std::string& sour
     set_transformer(e, a, batch, seq);
     e.description = fmt::format("Transformer: {} layers, vocab {}, dim {}, {} heads ({})",
                                 a.n_layers, a.vocab_size, a.dim, a.n_heads, source);
+  } else if (e.family == "decoder") {
+    rd.check_keys(args, apath,
+                  {"n_layers", "vocab_size", "dim", "n_heads", "n_kv_heads", "hidden_dim",
+                   "max_seq_len", "norm", "norm_eps", "mlp", "position", "rope_theta", "qkv",
+                   "bias", "tie_embeddings", "causal", "batch", "seq_len"});
+    DecoderArgs a;
+    a.n_layers = int(get_int("n_layers", a.n_layers, 100000));
+    a.vocab_size = get_int("vocab_size", a.vocab_size, kMaxDim);
+    a.dim = get_int("dim", a.dim, kMaxDim);
+    a.n_heads = get_int("n_heads", a.n_heads, kMaxDim);
+    a.n_kv_heads = get_int("n_kv_heads", a.n_heads, kMaxDim);
+    a.hidden_dim = get_int("hidden_dim", 4 * a.dim, kMaxDim);
+    a.max_seq_len = get_int("max_seq_len", a.max_seq_len, kMaxDim);
+    // A string key with two allowed values; returns whether it is the first.
+    auto choice = [&](const char* key, const char* first, const char* second, bool def) {
+      const Json* v = rd.find(args, key);
+      if (!v) return def;
+      const std::string got = rd.str(*v, apath.key(key));
+      if (got != first && got != second) {
+        rd.fail(apath.key(key),
+                fmt::format("'{}' is neither \"{}\" nor \"{}\"", got, first, second));
+      }
+      return got == first;
+    };
+    auto flag = [&](const char* key, bool def) {
+      const Json* v = rd.find(args, key);
+      return v ? rd.boolean(*v, apath.key(key)) : def;
+    };
+    auto positive = [&](const char* key, double def) {
+      const Json* v = rd.find(args, key);
+      if (!v) return def;
+      const double x = rd.number(*v, apath.key(key));
+      if (!(x > 0)) rd.fail(apath.key(key), fmt::format("{} must be positive", x));
+      return x;
+    };
+    a.rms_norm = choice("norm", "rmsnorm", "layernorm", a.rms_norm);
+    a.norm_eps = positive("norm_eps", a.norm_eps);
+    a.swiglu = choice("mlp", "swiglu", "gelu", a.swiglu);
+    a.rope = choice("position", "rope", "learned", a.rope);
+    a.rope_theta = positive("rope_theta", a.rope_theta);
+    a.fused_qkv = choice("qkv", "fused", "separate", a.fused_qkv);
+    a.bias = flag("bias", a.bias);
+    a.tie_embeddings = flag("tie_embeddings", a.tie_embeddings);
+    a.causal = flag("causal", a.causal);
+    try {
+      a.check();
+    } catch (const Error& err) {
+      rd.fail(apath, err.what());
+    }
+    const std::int64_t seq = get_int("seq_len", 8, kMaxDim);
+    if (seq > a.max_seq_len) {
+      rd.fail(apath.key("seq_len"),
+              fmt::format("seq_len {} exceeds max_seq_len {}", seq, a.max_seq_len));
+    }
+    const std::int64_t batch = get_int("batch", 4, kMaxDim);
+    fits("the logits", "batch × seq_len × vocab_size", {batch, seq, a.vocab_size});
+    fits("the feed-forward activations", "batch × seq_len × hidden_dim", {batch, seq, a.ffn_dim()});
+    fits("the attention probabilities", "batch × n_heads × seq_len²", {batch, a.n_heads, seq, seq});
+    fits("the token embedding", "vocab_size × dim", {a.vocab_size, a.dim});
+    fits("the position embedding", "max_seq_len × dim", {a.max_seq_len, a.dim});
+    fits("the feed-forward weights", "hidden_dim × dim", {a.ffn_dim(), a.dim});
+    set_decoder(e, a, batch, seq);
+    e.description = decoder_description(a) + fmt::format(" ({})", source);
   } else if (e.family == "mlp-stacked") {
     rd.check_keys(args, apath, {"n_layers"});
     const int layers = int(get_int("n_layers", 2, 100000));

@@ -126,15 +126,17 @@ struct ModelEntry {
   // The same batch for the same seed. `rows` multiplies the leading (batch) dim: a data- or
   // sequence-parallel run builds the global batch that the ranks then split.
   std::function<Batch(std::uint64_t seed, const ModuleOptions&, std::int64_t rows)> batch;
-  // toy, mlp: mean squared error to a fixed random target; transformer: cross-entropy.
+  // toy, mlp: mean squared error to a fixed random target; transformer, decoder: cross-entropy.
   std::function<Tensor(const Tensor& output, const Batch& batch)> loss;
+  bool cross_entropy_loss = false;  // the loss is cross_entropy(output, target) (loss parallel)
 };
 
 const std::vector<ModelEntry>& model_zoo();
 // REQUIRES: a zoo name (else InvalidArgument listing the names).
 const ModelEntry& find_model(const std::string& name);
 // A zoo name, or a model JSON file (schema in README): {"schema": "commtrace.model",
-// "version": "1.0", "name": "...", "base": "transformer", "args": {"n_layers": 4, ...}}.
+// "version": "1.0", "name": "...", "base": "transformer" or "decoder", "args": {"n_layers": 4,
+// ...}}.
 // Entries loaded from files live until exit.
 const ModelEntry& resolve_model(const std::string& name_or_file);
 // The same from JSON text; `source` names it in errors.

@@ -160,4 +160,11 @@ Tensor LayerNorm::forward(const Tensor& x) {
   return layer_norm(x, param("weight"), param("bias"), eps_);
 }
 
+RMSNorm::RMSNorm(std::int64_t dim, const ModuleOptions& o, double eps)
+    : Module("RMSNorm"), eps_(eps) {
+  register_parameter("weight", Tensor::full({dim}, 1.0, o.dtype, o.device));
+}
+
+Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, param("weight"), eps_); }
+
 }  // namespace commtrace

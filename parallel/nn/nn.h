@@ -136,4 +136,14 @@ class LayerNorm : public Module {
   double eps_;
 };
 
+// weight (dim) = 1; x / sqrt(mean(x^2) + eps) * weight over the last dim (torch.nn.RMSNorm).
+class RMSNorm : public Module {
+ public:
+  RMSNorm(std::int64_t dim, const ModuleOptions& o, double eps = 1e-6);
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  double eps_;
+};
+
 }  // namespace commtrace

@@ -1,5 +1,6 @@
 #include "parallel/plans/style.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -268,7 +269,9 @@ void parallelize_module(Module& model, const std::shared_ptr<const DeviceMesh>& 
   } scope(&distributed);
   for (const auto& [pattern, style] : plan.styles) {
     const auto names = match_modules(model, pattern);
-    COMMTRACE_CHECK(!names.empty(), ErrorCode::InvalidArgument,
+    const bool optional =
+        std::find(plan.optional.begin(), plan.optional.end(), pattern) != plan.optional.end();
+    COMMTRACE_CHECK(!names.empty() || optional, ErrorCode::InvalidArgument,
                     "plan '{}': pattern '{}' matches no module of {}", plan.name, pattern,
                     model.fqn());
     for (const auto& name : names) {
@@ -365,8 +368,10 @@ Plan plan_from_json_text(const std::string& text, const std::string& source) {
   JsonReader rd(source);
   const Json j = rd.parse(text, "a JSON object with \"schema\": \"commtrace.plan\"");
   const JsonPath top;
-  rd.check_header(j, "commtrace.plan", {{1, 0}}, "plan");
-  rd.check_keys(j, top, {"schema", "version", "name", "plan", "model_input", "model_output"});
+  rd.check_header(j, "commtrace.plan", {{1, 1}}, "plan");
+  rd.check_keys(
+      j, top,
+      {"schema", "version", "name", "plan", "model_input", "model_output", "loss_parallel"});
   Plan plan;
   const Json* name = rd.find(j, "name");
   plan.name = name ? rd.str(*name, top.key("name")) : source;
@@ -375,6 +380,15 @@ Plan plan_from_json_text(const std::string& text, const std::string& source) {
   }
   if (const Json* v = rd.find(j, "model_output")) {
     plan.model_output = layout_of(rd, *v, top.key("model_output"));
+  }
+  if (const Json* v = rd.find(j, "loss_parallel")) {
+    plan.loss_parallel = rd.boolean(*v, top.key("loss_parallel"));
+    if (plan.loss_parallel && !plan.model_output.is_shard(-1)) {
+      rd.fail(top.key("loss_parallel"),
+              fmt::format("loss parallel needs \"model_output\": \"Shard(-1)\" (the output "
+                          "sharded on its class dim), got {}",
+                          plan.model_output.str()));
+    }
   }
   const JsonPath ppath = top.key("plan");
   const Json& styles = rd.object(rd.at(j, "plan", top), ppath);
@@ -391,8 +405,74 @@ Plan load_plan_file(const std::string& path) {
 
 std::vector<std::string> builtin_plan_names(const std::string& model) {
   if (model == "mlp-stacked") return {"tp"};
+  if (model == "decoder") return {"tp", "sp", "torchtitan"};
   return {"tp", "sp"};
 }
+
+namespace {
+
+// torchtitan's Llama plan (parallelize_llama's apply_tp): "tp" without sequence parallelism;
+// "sp" and "torchtitan" with it (torchtitan always shards the sequence); "torchtitan" leaves the
+// logits vocab-sharded for loss parallel. Works on separate or fused QKV, SwiGLU or GELU,
+// RoPE or learned positions: the patterns for parts a model lacks are optional.
+Plan decoder_plan(const std::string& name) {
+  const Placement R = Placement::replicate();
+  auto S = [](int d) { return Placement::shard(d); };
+  const bool sp = name != "tp";
+  Plan p;
+  p.name = "decoder " + name;
+  auto add = [&](std::string pattern, std::shared_ptr<ParallelStyle> style, bool optional) {
+    if (optional) p.optional.push_back(pattern);
+    p.styles.emplace_back(std::move(pattern), std::move(style));
+  };
+  auto colwise = [](Placement in, Placement out, bool local) {
+    auto s = std::make_shared<ColwiseParallel>();
+    s->input_layout = in;
+    s->output_layout = out;
+    s->use_local_output = local;
+    return s;
+  };
+  auto rowwise = [](Placement in, Placement out) {
+    auto s = std::make_shared<RowwiseParallel>();
+    s->input_layout = in;
+    s->output_layout = out;
+    return s;
+  };
+  auto prepare = [&]() {
+    auto s = std::make_shared<PrepareModuleInput>();
+    s->input_layout = S(1);
+    s->desired_input_layout = R;
+    return s;
+  };
+  add("tok_embeddings", rowwise(R, sp ? S(1) : R), false);
+  add("pos_embeddings", rowwise(R, sp ? S(0) : R), true);
+  if (sp) {
+    add("norm", std::make_shared<SequenceParallel>(), false);
+    add("layers.*.attention_norm", std::make_shared<SequenceParallel>(), false);
+    add("layers.*.attention", prepare(), false);
+  }
+  for (const char* w : {"wq", "wk", "wv", "wqkv"}) {
+    add(std::string("layers.*.attention.") + w, colwise(R, S(-1), true), true);
+  }
+  add("layers.*.attention.wo", rowwise(S(-1), sp ? S(1) : R), false);
+  if (sp) {
+    add("layers.*.ffn_norm", std::make_shared<SequenceParallel>(), false);
+    add("layers.*.feed_forward", prepare(), false);
+  }
+  add("layers.*.feed_forward.w1", colwise(R, S(-1), true), false);
+  add("layers.*.feed_forward.w2", rowwise(S(-1), sp ? S(1) : R), false);
+  add("layers.*.feed_forward.w3", colwise(R, S(-1), true), true);
+  if (name == "torchtitan") {
+    add("output", colwise(S(1), S(-1), false), false);
+    p.model_output = S(-1);
+    p.loss_parallel = true;
+  } else {
+    add("output", colwise(sp ? S(1) : R, R, true), false);
+  }
+  return p;
+}
+
+}  // namespace
 
 Plan builtin_plan(const std::string& model, const std::string& name) {
   const Placement R = Placement::replicate();
@@ -412,8 +492,11 @@ Plan builtin_plan(const std::string& model, const std::string& name) {
     s->output_layout = out;
     return s;
   };
-  const bool known_model =
-      model == "toy" || model == "mlp" || model == "mlp-stacked" || model == "transformer";
+  if (model == "decoder" && (name == "tp" || name == "sp" || name == "torchtitan")) {
+    return decoder_plan(name);
+  }
+  const bool known_model = model == "toy" || model == "mlp" || model == "mlp-stacked" ||
+                           model == "transformer" || model == "decoder";
   COMMTRACE_CHECK(known_model, ErrorCode::InvalidArgument, "no built-in plans for model '{}'",
                   model);
   if (model == "toy" || model == "mlp" || model == "mlp-stacked") {

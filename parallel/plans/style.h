@@ -73,6 +73,12 @@ struct Plan {
   std::vector<std::pair<std::string, std::shared_ptr<ParallelStyle>>> styles;
   Placement model_input = Placement::replicate();
   Placement model_output = Placement::replicate();
+  // The cross-entropy loss runs on the class-sharded output without gathering it (PyTorch's
+  // loss_parallel; dtensor/loss.h). REQUIRES: model_output Shard(-1), a cross-entropy model.
+  bool loss_parallel = false;
+  // Patterns that may match no module (a built-in plan's wq/wk/wv against a fused wqkv model);
+  // any other pattern that matches nothing is an error.
+  std::vector<std::string> optional;
 };
 
 // Applies every style of the plan on a 1-D mesh. A pattern that matches no module is an error
@@ -83,12 +89,14 @@ void parallelize_module(Module& model, const std::shared_ptr<const DeviceMesh>& 
 // Names of modules under `root` (relative FQNs) that match `pattern`.
 std::vector<std::string> match_modules(Module& root, const std::string& pattern);
 
-// Plan JSON (schema in README): {"schema": "commtrace.plan", "version": "1.0", "model_input":
-// "Shard(0)", "model_output": "Replicate()", "plan": {"in_proj": {"style": "ColwiseParallel",
-// "input_layouts": "Shard(0)"}, ...}}. Errors name the key and the bad value.
+// Plan JSON (schema in README): {"schema": "commtrace.plan", "version": "1.1", "model_input":
+// "Shard(0)", "model_output": "Replicate()", "loss_parallel": false, "plan": {"in_proj":
+// {"style": "ColwiseParallel", "input_layouts": "Shard(0)"}, ...}}. 1.0 files (without
+// loss_parallel) still load. Errors name the key and the bad value.
 Plan plan_from_json_text(const std::string& text, const std::string& source);
 Plan load_plan_file(const std::string& path);
-// Built-in plans: toy and mlp "tp", "sp"; mlp-stacked "tp"; transformer "tp", "sp".
+// Built-in plans: toy and mlp "tp", "sp"; mlp-stacked "tp"; transformer "tp", "sp"; decoder
+// "tp", "sp", "torchtitan" (sp with the output left vocab-sharded and loss parallel).
 Plan builtin_plan(const std::string& model, const std::string& plan);
 // A built-in name of the model family, or a path to a JSON file.
 Plan resolve_plan(const std::string& family, const std::string& plan_or_file);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/tensor/tensor.h"
@@ -50,18 +51,35 @@ Tensor mul(const Tensor& a, double s);
 Tensor add(const Tensor& a, double s);
 Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x);                                   // exact erf form
+Tensor silu(const Tensor& x);                                   // x * sigmoid(x)
 Tensor dropout(const Tensor& x, double p, std::uint64_t seed);  // p = 0: returns x unchanged
 
 // ---- normalization, attention, embedding, losses ----
 Tensor softmax(const Tensor& x);  // over the last dim
 // Over the last dim; weight and bias are (last dim) or undefined.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// x / sqrt(mean(x^2) + eps) * weight over the last dim; weight is (last dim) or undefined.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 // Row lookup: idx is i64 of any shape, weight (vocab, dim); out is idx.shape + (dim).
 Tensor embedding(const Tensor& idx, const Tensor& weight);
 // q, k, v (B, H, T, D) -> (B, H, T, D); softmax(q kᵀ / sqrt(D)) v, causal when asked.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
 // Mean cross-entropy of logits (N, C) (or (..., C), flattened) against i64 targets (N).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+
+// ---- cross-entropy over a class shard: the local steps of loss parallel (dtensor/loss.h), not
+// differentiable. logits (..., c) hold classes [col_begin, col_begin + c) of `vocab`; targets
+// (i64) have one entry per row; statistics are (rows) in acc_dtype. ----
+Tensor ce_shard_max(const Tensor& logits);
+// {sumexp against the global max, the target's logit where this shard holds it (else 0)}.
+std::pair<Tensor, Tensor> ce_shard_stats(const Tensor& logits, const Tensor& targets,
+                                         const Tensor& max, std::int64_t col_begin,
+                                         std::int64_t vocab);
+// Mean over rows of max + log(sumexp) - picked: a scalar of `dtype`.
+Tensor ce_shard_loss(const Tensor& max, const Tensor& sumexp, const Tensor& picked, DType dtype);
+// The logits' gradient for a scalar grad_loss (logits' dtype).
+Tensor ce_shard_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
+                         const Tensor& max, const Tensor& sumexp, std::int64_t col_begin);
 
 // ---- reductions ----
 Tensor sum(const Tensor& x);  // all elements -> shape {}

@@ -91,6 +91,43 @@ const OpDef kLayerNormBackward{
                                             data_or_null(out[2]), rows, cols);
     }};
 
+// ---- rms_norm: (x, weight?) -> (out, rstd) with rstd (x.shape[:-1]) in acc_dtype; attrs f[0]
+// eps. Backward: (grad, x, weight?, rstd) -> (gx, gw?). Sharded like layer_norm.
+
+const OpDef kRmsNorm{
+    "_fused_rms_norm",
+    "default",
+    EventKind::Compute,
+    2,
+    [](std::span<const Tensor> in, const OpAttrs&, OutSpec* out) {
+      const Shape& s = in[0].shape();
+      out[0] = OutSpec{s, in[0].dtype()};
+      out[1] = OutSpec{Shape(s.begin(), s.end() - 1), acc_dtype(in[0].dtype())};
+    },
+    layer_norm_rule,
+    [](std::span<const Tensor> in, const OpAttrs& a, std::span<Tensor> out, const ShardInfo*) {
+      const auto [rows, cols] = rows_cols(in[0].shape());
+      kernels_of(out[0]).rmsnorm_forward(out[0].dtype(), in[0].data_ptr(), data_or_null(in[1]),
+                                         out[0].data_ptr(), out[1].data_ptr(), rows, cols, a.f[0]);
+    }};
+
+const OpDef kRmsNormBackward{
+    "_fused_rms_norm_backward",
+    "default",
+    EventKind::Compute,
+    2,
+    [](std::span<const Tensor> in, const OpAttrs&, OutSpec* out) {
+      out[0] = OutSpec{in[0].shape(), in[0].dtype()};
+      out[1] = OutSpec{Shape{last_dim(in[0].shape())}, in[0].dtype(), in[2].defined()};
+    },
+    layer_norm_backward_rule,
+    [](std::span<const Tensor> in, const OpAttrs&, std::span<Tensor> out, const ShardInfo*) {
+      const auto [rows, cols] = rows_cols(in[0].shape());
+      kernels_of(out[0]).rmsnorm_backward(out[0].dtype(), in[0].data_ptr(), in[1].data_ptr(),
+                                          data_or_null(in[2]), in[3].data_ptr(), out[0].data_ptr(),
+                                          data_or_null(out[1]), rows, cols);
+    }};
+
 // ---- embedding: (weight, idx) -> idx.shape + (dim); attrs i[0] the full table's rows ----
 
 // A row-sharded (vocab) table gives a Partial masked lookup; a column-sharded one shards the
@@ -242,7 +279,122 @@ const OpDef kCrossEntropyBackward{
                                                 index_data(in[2]), out[0].data_ptr(), rows, cols);
     }};
 
+// ---- cross-entropy over a class shard: (logits) -> max; (logits, targets, max) -> (sumexp,
+// picked), attrs i[0] col_begin, i[1] vocab; (max, sumexp, picked) -> loss, attrs i[0] its
+// dtype; (grad, logits, targets, max, sumexp) -> grad logits, attrs i[0] col_begin ----
+
+Shape rows_of(const Tensor& logits) {
+  const Shape& s = logits.shape();
+  return Shape(s.begin(), s.end() - 1);
+}
+
+const OpDef kCeShardMax{
+    "amax",
+    "default",
+    EventKind::Compute,
+    1,
+    [](std::span<const Tensor> in, const OpAttrs&, OutSpec* out) {
+      out[0] = OutSpec{rows_of(in[0]), acc_dtype(in[0].dtype())};
+    },
+    nullptr,
+    [](std::span<const Tensor> in, const OpAttrs&, std::span<Tensor> out, const ShardInfo*) {
+      const auto [rows, cols] = rows_cols(in[0].shape());
+      kernels_of(out[0]).ce_shard_max(in[0].dtype(), in[0].data_ptr(), rows, cols,
+                                      out[0].data_ptr());
+    }};
+
+const OpDef kCeShardStats{
+    "ce_shard_stats",
+    "default",
+    EventKind::Compute,
+    2,
+    [](std::span<const Tensor> in, const OpAttrs&, OutSpec* out) {
+      out[0] = out[1] = OutSpec{rows_of(in[0]), acc_dtype(in[0].dtype())};
+    },
+    nullptr,
+    [](std::span<const Tensor> in, const OpAttrs& a, std::span<Tensor> out, const ShardInfo*) {
+      const auto [rows, cols] = rows_cols(in[0].shape());
+      kernels_of(out[0]).ce_shard_stats(in[0].dtype(), in[0].data_ptr(), index_data(in[1]),
+                                        in[2].data_ptr(), rows, cols, a.i[0], a.i[1],
+                                        out[0].data_ptr(), out[1].data_ptr());
+    }};
+
+const OpDef kCeShardLoss{
+    "ce_shard_loss",
+    "default",
+    EventKind::Compute,
+    1,
+    [](std::span<const Tensor>, const OpAttrs& a, OutSpec* out) {
+      out[0] = OutSpec{Shape{}, DType(a.i[0])};
+    },
+    nullptr,
+    [](std::span<const Tensor> in, const OpAttrs&, std::span<Tensor> out, const ShardInfo*) {
+      kernels_of(out[0]).ce_shard_loss(out[0].dtype(), in[0].data_ptr(), in[1].data_ptr(),
+                                       in[2].data_ptr(), in[0].numel(), out[0].data_ptr());
+    }};
+
+const OpDef kCeShardBackward{
+    "ce_shard_backward",
+    "default",
+    EventKind::Compute,
+    1,
+    [](std::span<const Tensor> in, const OpAttrs&, OutSpec* out) {
+      out[0] = OutSpec{in[1].shape(), in[1].dtype()};
+    },
+    nullptr,
+    [](std::span<const Tensor> in, const OpAttrs& a, std::span<Tensor> out, const ShardInfo*) {
+      const auto [rows, cols] = rows_cols(in[1].shape());
+      kernels_of(out[0]).ce_shard_backward(out[0].dtype(), in[0].data_ptr(), in[1].data_ptr(),
+                                           index_data(in[2]), in[3].data_ptr(), in[4].data_ptr(),
+                                           rows, cols, a.i[0], out[0].data_ptr());
+    }};
+
 }  // namespace
+
+Tensor ce_shard_max(const Tensor& logits) {
+  COMMTRACE_CHECK(logits.dim() >= 1, ErrorCode::ShapeMismatch, "ce_shard_max: logits {} are 0-d",
+                  describe(logits));
+  const Tensor in[] = {logits};
+  return dispatch1(kCeShardMax, in);
+}
+
+std::pair<Tensor, Tensor> ce_shard_stats(const Tensor& logits, const Tensor& targets,
+                                         const Tensor& max, i64 col_begin, i64 vocab) {
+  COMMTRACE_CHECK(targets.dtype() == DType::I64 && targets.numel() == max.numel() &&
+                      max.shape() == rows_of(logits),
+                  ErrorCode::ShapeMismatch,
+                  "ce_shard_stats: logits {} need i64 targets and a max of one entry per row, "
+                  "got {} and {}",
+                  describe(logits), describe(targets), describe(max));
+  OpAttrs a;
+  a.i[0] = col_begin;
+  a.i[1] = vocab;
+  const Tensor in[] = {logits, targets, max};
+  const OpOutputs r = dispatch(kCeShardStats, in, a);
+  return {r[0], r[1]};
+}
+
+Tensor ce_shard_loss(const Tensor& max, const Tensor& sumexp, const Tensor& picked, DType dtype) {
+  COMMTRACE_CHECK(sumexp.shape() == max.shape() && picked.shape() == max.shape(),
+                  ErrorCode::ShapeMismatch, "ce_shard_loss: statistics {}, {}, {} differ",
+                  describe(max), describe(sumexp), describe(picked));
+  OpAttrs a;
+  a.i[0] = i64(dtype);
+  const Tensor in[] = {max, sumexp, picked};
+  return dispatch1(kCeShardLoss, in, a);
+}
+
+Tensor ce_shard_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
+                         const Tensor& max, const Tensor& sumexp, i64 col_begin) {
+  COMMTRACE_CHECK(grad_loss.numel() == 1 && grad_loss.dtype() == logits.dtype(),
+                  ErrorCode::ShapeMismatch,
+                  "ce_shard_backward: grad_loss {} must be one element of the logits' dtype",
+                  describe(grad_loss));
+  OpAttrs a;
+  a.i[0] = col_begin;
+  const Tensor in[] = {grad_loss, logits, targets, max, sumexp};
+  return dispatch1(kCeShardBackward, in, a);
+}
 
 Tensor softmax(const Tensor& x) {
   const Tensor in[] = {x};
@@ -278,6 +430,27 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                 const OpOutputs grads = dispatch(kLayerNormBackward, gin, b);
                 return std::vector<Tensor>{grads[0], grads[1], grads[2]};
               });
+  return out;
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  COMMTRACE_CHECK(x.dim() >= 1, ErrorCode::ShapeMismatch, "rms_norm: input {} is 0-d", describe(x));
+  if (weight.defined()) {
+    COMMTRACE_CHECK(weight.shape() == Shape{last_dim(x.shape())}, ErrorCode::ShapeMismatch,
+                    "rms_norm: weight {} does not match normalized size {} of {}", describe(weight),
+                    last_dim(x.shape()), describe(x));
+    check_same_dtype(x, weight, "rms_norm");
+  }
+  OpAttrs a;
+  a.f[0] = eps;
+  const Tensor in[] = {x, weight};
+  const OpOutputs r = dispatch(kRmsNorm, in, a);
+  Tensor out = r[0];
+  attach_grad(out, "FusedRmsNormBackward", in, [x, weight, rstd = r[1]](const Tensor& g) {
+    const Tensor gin[] = {g, x, weight, rstd};
+    const OpOutputs grads = dispatch(kRmsNormBackward, gin);
+    return std::vector<Tensor>{grads[0], grads[1]};
+  });
   return out;
 }
 

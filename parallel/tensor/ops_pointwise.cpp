@@ -99,6 +99,28 @@ const OpDef kGelu{
       kernels_of(out[0]).gelu_forward(out[0].dtype(), in[0].data_ptr(), out[0].data_ptr(),
                                       out[0].numel());
     }};
+const OpDef kSilu{
+    "silu",
+    "default",
+    EventKind::Compute,
+    1,
+    same_as_input0,
+    rules::nonlinear_pointwise,
+    [](std::span<const Tensor> in, const OpAttrs&, std::span<Tensor> out, const ShardInfo*) {
+      kernels_of(out[0]).silu_forward(out[0].dtype(), in[0].data_ptr(), out[0].data_ptr(),
+                                      out[0].numel());
+    }};
+const OpDef kSiluBackward{
+    "silu_backward",
+    "default",
+    EventKind::Compute,
+    1,
+    same_as_input0,
+    rules::nonlinear_pointwise,
+    [](std::span<const Tensor> in, const OpAttrs&, std::span<Tensor> out, const ShardInfo*) {
+      kernels_of(out[0]).silu_backward(out[0].dtype(), in[0].data_ptr(), in[1].data_ptr(),
+                                       out[0].data_ptr(), out[0].numel());
+    }};
 const OpDef kGeluBackward{
     "gelu_backward",
     "default",
@@ -227,6 +249,15 @@ Tensor gelu(const Tensor& x) {
   const Tensor in[] = {x};
   attach_grad(out, "GeluBackward", in, [x](const Tensor& g) {
     return std::vector<Tensor>{backward_of(kGeluBackward, g, x)};
+  });
+  return out;
+}
+
+Tensor silu(const Tensor& x) {
+  Tensor out = unary(kSilu, x);
+  const Tensor in[] = {x};
+  attach_grad(out, "SiluBackward", in, [x](const Tensor& g) {
+    return std::vector<Tensor>{backward_of(kSiluBackward, g, x)};
   });
   return out;
 }

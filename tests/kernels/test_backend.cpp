@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -101,7 +102,7 @@ void check_close(const std::string& what, const std::vector<double>& got,
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double err = std::fabs(got[i] - want[i]);
     const bool same_nan = std::isnan(got[i]) && std::isnan(want[i]);
-    if (same_nan || err <= tol * std::max(1.0, std::fabs(want[i]))) continue;
+    if (same_nan || got[i] == want[i] || err <= tol * std::max(1.0, std::fabs(want[i]))) continue;
     if (bad < 8) first << "\n  [" << i << "] got " << got[i] << ", want " << want[i];
     ++bad;
   }
@@ -258,6 +259,12 @@ TEST_CASE("cpu pointwise kernels match the reference", "[backend][elementwise]")
       cpu().gelu_backward(dt, g.p(), x.p(), out.p(), n);
       ref::gelu_backward<double>(g.d(), x.d(), want.data(), n);
       check_close("gelu_backward", out, want);
+      cpu().silu_forward(dt, x.p(), out.p(), n);
+      ref::silu_forward<double>(x.d(), want.data(), n);
+      check_close("silu_forward", out, want);
+      cpu().silu_backward(dt, g.p(), x.p(), out.p(), n);
+      ref::silu_backward<double>(g.d(), x.d(), want.data(), n);
+      check_close("silu_backward", out, want);
     }
   }
 }
@@ -299,6 +306,40 @@ TEST_CASE("cpu softmax matches the reference", "[backend][softmax]") {
       cpu().softmax_backward(dt, g.p(), y.p(), out.p(), rows, cols);
       ref::softmax_backward<double>(g.d(), y.d(), want.data(), rows, cols);
       check_close("softmax_backward", out, want);
+    }
+  }
+}
+
+TEST_CASE("cpu rmsnorm matches the reference", "[backend][rmsnorm]") {
+  const double eps = 1e-6;
+  for (DType dt : kFloating) {
+    const DType adt = acc_dtype(dt);
+    for (auto [rows, cols] : std::vector<std::pair<i64, i64>>{{0, 8}, {1, 1}, {3, 8}, {5, 33}}) {
+      for (bool affine : {false, true}) {
+        INFO(name(dt) << " rows " << rows << " cols " << cols << " affine " << affine);
+        const i64 n = rows * cols;
+        const In x(dt, random(n, 56, -2, 2)), w(dt, random(cols, 57, 0.5, 1.5));
+        Buf out(dt, n), rstd(adt, rows);
+        std::vector<double> want(static_cast<std::size_t>(n)),
+            want_rstd(static_cast<std::size_t>(rows));
+        cpu().rmsnorm_forward(dt, x.p(), affine ? w.p() : nullptr, out.p(), rstd.p(), rows, cols,
+                              eps);
+        ref::rmsnorm_forward<double>(x.d(), affine ? w.d() : nullptr, want.data(), want_rstd.data(),
+                                     rows, cols, eps);
+        check_close("rmsnorm_forward", out, want);
+        check_close("rmsnorm_forward rstd", rstd, want_rstd);
+
+        const In g(dt, random(n, 58)), r(adt, want_rstd);
+        Buf gx(dt, n), gw = make(dt, std::vector<double>(static_cast<std::size_t>(cols), 123.0));
+        std::vector<double> want_gx(static_cast<std::size_t>(n)),
+            want_gw(static_cast<std::size_t>(cols));
+        cpu().rmsnorm_backward(dt, g.p(), x.p(), affine ? w.p() : nullptr, r.p(), gx.p(),
+                               affine ? gw.p() : nullptr, rows, cols);
+        ref::rmsnorm_backward<double>(g.d(), x.d(), affine ? w.d() : nullptr, r.d(), want_gx.data(),
+                                      affine ? want_gw.data() : nullptr, rows, cols);
+        check_close("rmsnorm_backward grad_x", gx, want_gx);
+        if (affine) check_close("rmsnorm_backward grad_w", gw, want_gw);
+      }
     }
   }
 }
@@ -457,6 +498,44 @@ TEST_CASE("cpu cross-entropy matches the reference", "[backend][cross_entropy]")
       ref::cross_entropy_backward<double>(grad_loss.d(), logits.d(), targets.data(),
                                           want_grad.data(), n, c);
       check_close("cross_entropy_backward", grad, want_grad);
+    }
+  }
+}
+
+TEST_CASE("cpu class-shard cross-entropy matches the reference", "[backend][cross_entropy]") {
+  for (DType dt : kFloating) {
+    const DType adt = acc_dtype(dt);
+    for (auto [n, c, begin] :
+         std::vector<std::tuple<i64, i64, i64>>{{1, 1, 0}, {4, 5, 3}, {7, 13, 0}, {3, 0, 8}}) {
+      INFO(name(dt) << " n " << n << " c " << c << " begin " << begin);
+      const i64 vocab = 16;
+      std::mt19937_64 gen(93);
+      std::vector<i64> targets(static_cast<std::size_t>(n));
+      for (auto& t : targets) t = i64(gen() % std::uint64_t(vocab));
+      const In logits(dt, random(n * c, 94, -3, 3)), grad_loss(dt, {1.5}),
+          max(adt, random(n, 95, 2, 3)), sumexp(adt, random(n, 96, 1, 4)),
+          picked(adt, random(n, 97, -1, 1));
+      Buf m(adt, n), se(adt, n), pk(adt, n), loss(dt, 1), grad(dt, n * c);
+      std::vector<double> want_m(static_cast<std::size_t>(n)), want_se(static_cast<std::size_t>(n)),
+          want_pk(static_cast<std::size_t>(n)), want_loss(1),
+          want_grad(static_cast<std::size_t>(n * c));
+      cpu().ce_shard_max(dt, logits.p(), n, c, m.p());
+      ref::ce_shard_max<double>(logits.d(), n, c, want_m.data());
+      check_close("ce_shard_max", m, want_m);
+      cpu().ce_shard_stats(dt, logits.p(), targets.data(), max.p(), n, c, begin, vocab, se.p(),
+                           pk.p());
+      ref::ce_shard_stats<double>(logits.d(), targets.data(), max.d(), n, c, begin, vocab,
+                                  want_se.data(), want_pk.data());
+      check_close("ce_shard_stats sumexp", se, want_se);
+      check_close("ce_shard_stats picked", pk, want_pk);
+      cpu().ce_shard_loss(dt, max.p(), sumexp.p(), picked.p(), n, loss.p());
+      ref::ce_shard_loss<double>(max.d(), sumexp.d(), picked.d(), n, want_loss.data());
+      check_close("ce_shard_loss", loss, want_loss);
+      cpu().ce_shard_backward(dt, grad_loss.p(), logits.p(), targets.data(), max.p(), sumexp.p(), n,
+                              c, begin, grad.p());
+      ref::ce_shard_backward<double>(grad_loss.d(), logits.d(), targets.data(), max.d(), sumexp.d(),
+                                     n, c, begin, want_grad.data());
+      check_close("ce_shard_backward", grad, want_grad);
     }
   }
 }

@@ -328,6 +328,64 @@ TEST_CASE("gelu is exact-erf and its backward matches finite differences", "[ker
       x, grad);
 }
 
+TEST_CASE("silu is x sigmoid(x) and its backward matches finite differences", "[kernels][silu]") {
+  const std::vector<double> x = {-3, -1, -0.25, 0, 0.5, 1, 2.5};
+  std::vector<double> y(x.size());
+  ref::silu_forward<double>(x.data(), y.data(), i64(x.size()));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    REQUIRE(y[i] == Approx(x[i] / (1 + std::exp(-x[i]))).epsilon(1e-14).margin(1e-15));
+  }
+  const auto r = random_vec<double>(i64(x.size()), 33);
+  std::vector<double> grad(x.size());
+  ref::silu_backward<double>(r.data(), x.data(), grad.data(), i64(x.size()));
+  check_grad(
+      [&](const std::vector<double>& xx) {
+        std::vector<double> yy(xx.size());
+        ref::silu_forward<double>(xx.data(), yy.data(), i64(xx.size()));
+        return dot(yy, r);
+      },
+      x, grad);
+}
+
+TEST_CASE("rmsnorm", "[kernels][rmsnorm]") {
+  const i64 rows = 3, cols = 8;
+  const double eps = 1e-6;
+  auto x = random_vec<double>(rows * cols, 61, -2, 2);
+  auto w = random_vec<double>(cols, 62, 0.5, 1.5);
+  std::vector<double> y(rows * cols), rstd(rows);
+
+  SECTION("matches the formula: x / sqrt(mean(x^2) + eps) * w") {
+    ref::rmsnorm_forward<double>(x.data(), w.data(), y.data(), rstd.data(), rows, cols, eps);
+    for (i64 r = 0; r < rows; ++r) {
+      double ms = 0;
+      for (i64 j = 0; j < cols; ++j) ms += x[r * cols + j] * x[r * cols + j];
+      const double rs = 1 / std::sqrt(ms / cols + eps);
+      REQUIRE(rstd[r] == Approx(rs).epsilon(1e-12));
+      for (i64 j = 0; j < cols; ++j) {
+        REQUIRE(y[r * cols + j] == Approx(x[r * cols + j] * rs * w[j]).epsilon(1e-12));
+      }
+    }
+  }
+  SECTION("backward matches finite differences for x and w, with and without w") {
+    const auto r = random_vec<double>(rows * cols, 63);
+    for (bool affine : {true, false}) {
+      const double* wp = affine ? w.data() : nullptr;
+      auto loss = [&](const std::vector<double>& xx, const std::vector<double>& ww) {
+        std::vector<double> yy(rows * cols), rr(rows);
+        ref::rmsnorm_forward<double>(xx.data(), affine ? ww.data() : nullptr, yy.data(), rr.data(),
+                                     rows, cols, eps);
+        return dot(yy, r);
+      };
+      ref::rmsnorm_forward<double>(x.data(), wp, y.data(), rstd.data(), rows, cols, eps);
+      std::vector<double> gx(rows * cols, 123.0), gw(cols, 123.0);
+      ref::rmsnorm_backward<double>(r.data(), x.data(), wp, rstd.data(), gx.data(),
+                                    affine ? gw.data() : nullptr, rows, cols);
+      check_grad([&](const std::vector<double>& v) { return loss(v, w); }, x, gx);
+      if (affine) check_grad([&](const std::vector<double>& v) { return loss(x, v); }, w, gw);
+    }
+  }
+}
+
 TEST_CASE("softmax", "[kernels][softmax]") {
   const i64 rows = 4, cols = 6;
   auto x = random_vec<double>(rows * cols, 41, -3, 3);
@@ -658,6 +716,66 @@ TEST_CASE("cross-entropy", "[kernels][cross_entropy]") {
               }) == ErrorCode::InvalidArgument);
     }
   }
+}
+
+TEST_CASE("cross-entropy over class shards equals cross-entropy over whole rows",
+          "[kernels][cross_entropy]") {
+  const i64 n = 5, vocab = 7;
+  const auto logits = random_vec<double>(n * vocab, 71, -3, 3);
+  const std::vector<i64> targets = {0, 6, 3, 2, 4};
+  const i64 begins[] = {0, 3, 7};  // shards [0, 3) and [3, 7)
+  auto shard = [&](int s) {
+    const i64 c = begins[s + 1] - begins[s];
+    std::vector<double> out(std::size_t(n * c));
+    for (i64 r = 0; r < n; ++r) {
+      for (i64 j = 0; j < c; ++j) out[std::size_t(r * c + j)] = logits[r * vocab + begins[s] + j];
+    }
+    return out;
+  };
+  const std::vector<double> parts[] = {shard(0), shard(1)};
+  std::vector<double> max(n, -1e300), sumexp(n, 0.0), picked(n, 0.0);
+  for (int s = 0; s < 2; ++s) {  // all_reduce(Max)
+    std::vector<double> m(n);
+    ref::ce_shard_max<double>(parts[s].data(), n, begins[s + 1] - begins[s], m.data());
+    for (i64 r = 0; r < n; ++r) max[r] = std::max(max[r], m[r]);
+  }
+  for (int s = 0; s < 2; ++s) {  // all_reduce(Sum) of both statistics
+    std::vector<double> se(n), pk(n);
+    ref::ce_shard_stats<double>(parts[s].data(), targets.data(), max.data(), n,
+                                begins[s + 1] - begins[s], begins[s], vocab, se.data(), pk.data());
+    for (i64 r = 0; r < n; ++r) sumexp[r] += se[r], picked[r] += pk[r];
+  }
+  double loss = 0, want = 0;
+  ref::ce_shard_loss<double>(max.data(), sumexp.data(), picked.data(), n, &loss);
+  ref::cross_entropy_forward<double>(logits.data(), targets.data(), n, vocab, &want);
+  REQUIRE(loss == Approx(want).epsilon(1e-13));
+
+  const double g = 0.7;
+  std::vector<double> want_grad(std::size_t(n * vocab));
+  ref::cross_entropy_backward<double>(&g, logits.data(), targets.data(), want_grad.data(), n,
+                                      vocab);
+  for (int s = 0; s < 2; ++s) {
+    const i64 c = begins[s + 1] - begins[s];
+    std::vector<double> grad(std::size_t(n * c));
+    ref::ce_shard_backward<double>(&g, parts[s].data(), targets.data(), max.data(), sumexp.data(),
+                                   n, c, begins[s], grad.data());
+    for (i64 r = 0; r < n; ++r) {
+      for (i64 j = 0; j < c; ++j) {
+        REQUIRE(grad[std::size_t(r * c + j)] ==
+                Approx(want_grad[std::size_t(r * vocab + begins[s] + j)]).margin(1e-14));
+      }
+    }
+  }
+  const std::vector<i64> bad = {0, 7, 0, 0, 0};
+  std::vector<double> se(n), pk(n);
+  std::string msg;
+  REQUIRE(error_of(
+              [&] {
+                ref::ce_shard_stats<double>(parts[0].data(), bad.data(), max.data(), n, 3, 0, vocab,
+                                            se.data(), pk.data());
+              },
+              &msg) == ErrorCode::InvalidArgument);
+  REQUIRE(contains(msg, "ce_shard_stats"));
 }
 
 TEST_CASE("dropout", "[kernels][dropout]") {

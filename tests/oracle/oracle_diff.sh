@@ -21,9 +21,17 @@ while read -r model plan world grad depth; do
   [[ -z "$model" ]] && continue
   flag=""; [[ "$grad" == "grad" ]] && flag="--input-requires-grad"
   name="$model-$plan-w$world${flag:+-grad}"
+  # decoder:NAME is the model file samples/models/NAME.json (base decoder).
+  torch_model=(--model "$model")
+  if [[ "$model" == decoder:* ]]; then
+    model="$here/../../samples/models/${model#decoder:}.json"
+    name="${name#decoder:}"
+    torch_model=(--model decoder --model-file "$model")
+  fi
   # PyTorch files optimizer collectives under a forward pass; compare forward and backward only.
-  if ! "$py" "$here/torch_oracle.py" --model "$model" --plan "$plan" --world-size "$world" $flag \
-      --no-optimizer --noise-level 0 --out-json "$work/$name.torch.json" >"$work/$name.log" 2>&1; then
+  if ! "$py" "$here/torch_oracle.py" "${torch_model[@]}" --plan "$plan" --world-size "$world" \
+      $flag --no-optimizer --noise-level 0 --out-json "$work/$name.torch.json" \
+      >"$work/$name.log" 2>&1; then
     echo "FAIL $name: the PyTorch oracle failed"; cat "$work/$name.log"; fails=$((fails + 1)); continue
   fi
   "$ct" run --model "$model" --plan "$plan" --world-size "$world" $flag \
@@ -43,9 +51,21 @@ mlp sp 4 - -1
 mlp-stacked tp 4 - -1
 transformer tp 4 - -1
 transformer sp 4 - 3
+decoder:llama-tiny tp 2 - -1
+decoder:llama-tiny sp 2 - 3
+decoder:llama-tiny torchtitan 2 - 3
+decoder:llama-tiny tp 4 - -1
+decoder:llama-tiny sp 4 - 3
+decoder:llama-tiny torchtitan 4 - 3
+decoder:llama-tiny-fused tp 4 - -1
+decoder:llama-tiny-fused torchtitan 4 - 3
+decoder:gpt-tiny tp 4 - -1
+decoder:gpt-tiny sp 4 - 3
+decoder:gpt-tiny torchtitan 4 - 3
 CASES
-# transformer sp at depth 3 (down to layers.i.attention): PyTorch files the attention input's
-# backward reduce_scatter under attention.wq (the last backward hook); commtrace under
-# attention, whose pre-hook created it (DESIGN §1). Rolled-up counts agree from there up.
+# transformer and decoder sp / torchtitan at depth 3 (down to layers.i.attention): PyTorch files
+# the attention (feed-forward) input's backward reduce_scatter under attention.wq
+# (feed_forward.w1), the last backward hook; commtrace under attention (feed_forward), whose
+# pre-hook created it (DESIGN §1). Rolled-up counts agree from there up.
 echo "oracle: $fails failed"
 [[ $fails -eq 0 ]]

@@ -24,6 +24,7 @@ This is a measuring tool, not part of the C++ build. Needs torch (see README.md)
 """
 
 import argparse
+import contextlib
 import json
 import sys
 from collections import defaultdict
@@ -179,8 +180,11 @@ def add_into(acc, d):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True, choices=["toy", "mlp", "mlp-stacked", "transformer"])
-    p.add_argument("--plan", required=True, choices=["tp", "sp"])
+    p.add_argument("--model", required=True,
+                   choices=["toy", "mlp", "mlp-stacked", "transformer", "decoder"])
+    p.add_argument("--model-file", help="with --model decoder: a commtrace model file (base "
+                   "decoder), run with cross-entropy as commtrace runs it")
+    p.add_argument("--plan", required=True, choices=["tp", "sp", "torchtitan"])
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--input-requires-grad", action="store_true")
@@ -198,7 +202,14 @@ def main(argv=None):
                             store=FakeStore())
     try:
         mesh = DeviceMesh("cpu", list(range(a.world_size)))
-        model, inp = build(a.model, a.plan, mesh, a.input_requires_grad)
+        loss_fn, context = (lambda out: out.sum()), contextlib.nullcontext
+        if a.model == "decoder":
+            if not a.model_file:
+                raise SystemExit("--model decoder needs --model-file")
+            import torch_decoder
+            model, inp, loss_fn, context = torch_decoder.build(a.model_file, a.plan, mesh)
+        else:
+            model, inp = build(a.model, a.plan, mesh, a.input_requires_grad)
         opt = None if a.no_optimizer else torch.optim.AdamW(
             model.parameters(), lr=0.25, foreach=True)
 
@@ -212,10 +223,11 @@ def main(argv=None):
             comm_mode = CommDebugMode()
             with comm_mode:
                 s0 = snapshot(comm_mode)
-                out = model(inp)
-                loss = out.sum()
-                s1 = snapshot(comm_mode)
-                loss.backward()
+                with context():
+                    out = model(inp)
+                    loss = loss_fn(out)
+                    s1 = snapshot(comm_mode)
+                    loss.backward()
                 s2 = snapshot(comm_mode)
                 if opt is not None:
                     # as test_tp_examples.py does: the transformer mixes DTensor parameters

@@ -10,8 +10,10 @@
 
 #include "parallel/comm/launch.h"
 #include "parallel/dtensor/dtensor.h"
+#include "parallel/dtensor/loss.h"
 #include "parallel/tensor/autograd.h"
 #include "parallel/tensor/ops.h"
+#include "parallel/tensor/random.h"
 #include "tests/catch_compat.h"
 #include "tests/test_util.h"
 #include "tracer/tracer.h"
@@ -362,5 +364,67 @@ TEST_CASE("a sharded view keeps the shard or gathers first", "[dtensor]") {
     });
     REQUIRE(pl[0] == (world == 2 ? "(Shard(dim=2),)" : "(Replicate(),)"));
     REQUIRE(full[0] == v);
+  }
+}
+
+TEST_CASE("loss parallel: three forward all_reduces, none backward, and one device's values",
+          "[dtensor][loss_parallel]") {
+  // logits (2, 3, 7) over 3 ranks: uneven class shards 3, 3, 1. In f64 the loss and gradient
+  // equal plain cross_entropy to rounding.
+  Generator gen(5);
+  const Tensor logits = randn({2, 3, 7}, gen, DType::F64);
+  const Tensor targets = Tensor::from_indices({0, 6, 3, 2, 4, 6}, {2, 3});
+  Tensor ref_in = logits.detach();
+  ref_in.set_requires_grad(true);
+  const Tensor ref_loss = cross_entropy(ref_in, targets);
+  ref_loss.backward();
+  const double want = ref_loss.item();
+  const std::vector<double> want_grad = ref_in.grad().to_vector();
+
+  struct Out {
+    double loss = 0;
+    std::string placements;
+    std::vector<double> grad;
+    Collectives coll;
+    std::string bad_layout, bad_targets;
+  };
+  std::vector<Out> outs(3);
+  launch(3, [&](RankContext& ctx) {
+    auto mesh = std::make_shared<DeviceMesh>(ctx, std::vector<int>{3});
+    Out& o = outs[std::size_t(ctx.rank())];
+    Tensor x = distribute_tensor(logits, mesh, {Placement::shard(2)});
+    x.set_requires_grad(true);
+    Tracer tr(ctx.rank());
+    {
+      TracerActivation on(tr);
+      Tensor loss = loss_parallel_cross_entropy(x, targets);
+      o.placements = placements_str(dist_of(loss).placements);
+      o.loss = dist_of(loss).local.item();
+      loss.backward();
+    }
+    o.coll = collectives(tr.take());
+    o.grad = full_tensor(x.grad()).to_vector();
+    try {
+      loss_parallel_cross_entropy(distribute_tensor(logits, mesh, {Placement::shard(1)}), targets);
+    } catch (const Error& e) {
+      o.bad_layout = e.what();
+    }
+    try {
+      loss_parallel_cross_entropy(x, Tensor::from_indices({0, 1}, {2}));
+    } catch (const Error& e) {
+      o.bad_targets = e.what();
+    }
+  });
+  for (const Out& o : outs) {
+    REQUIRE(o.placements == "(Replicate(),)");
+    REQUIRE(o.loss == Approx(want).epsilon(1e-12));
+    REQUIRE(o.grad.size() == want_grad.size());
+    for (std::size_t i = 0; i < o.grad.size(); ++i) {
+      REQUIRE(o.grad[i] == Approx(want_grad[i]).margin(1e-12));
+    }
+    REQUIRE(o.coll.forward == std::vector<std::string>{"all_reduce", "all_reduce", "all_reduce"});
+    REQUIRE(o.coll.backward.empty());
+    REQUIRE(contains(o.bad_layout, "must be Shard(2) on one mesh dim"));
+    REQUIRE(contains(o.bad_targets, "targets must be a plain i64 tensor of 6 rows"));
   }
 }

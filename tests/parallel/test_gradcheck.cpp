@@ -330,6 +330,12 @@ TEST_CASE("gradcheck gelu", "[gradcheck]") {
             {mul(randn64({4, 5}, gen), 2.0)});
 }
 
+TEST_CASE("gradcheck silu", "[gradcheck]") {
+  Generator gen(28);
+  gradcheck("silu", [](const std::vector<Tensor>& in) { return silu(in[0]); },
+            {mul(randn64({4, 5}, gen), 2.0)});
+}
+
 TEST_CASE("gradcheck dropout", "[gradcheck]") {
   Generator gen(27);
   // The mask is a function of (seed, element index), so with a fixed seed dropout is linear.
@@ -381,6 +387,15 @@ TEST_CASE("gradcheck layer_norm", "[gradcheck]") {
               [](const std::vector<Tensor>& in) { return layer_norm(in[0], Tensor(), Tensor()); },
               {randn64({2, 3, 6}, gen)});
   }
+}
+
+TEST_CASE("gradcheck rms_norm", "[gradcheck]") {
+  Generator gen(34);
+  gradcheck("rms_norm weight", [](const std::vector<Tensor>& in) { return rms_norm(in[0], in[1]); },
+            {randn64({2, 3, 6}, gen), add(randn64({6}, gen), 1.0)});
+  gradcheck("rms_norm plain",
+            [](const std::vector<Tensor>& in) { return rms_norm(in[0], Tensor()); },
+            {randn64({4, 6}, gen)});
 }
 
 TEST_CASE("gradcheck embedding", "[gradcheck]") {

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# decoder_matrix.sh COMMTRACE SAMPLES: `commtrace verify` must PASS for every decoder model (the
+# zoo's decoder and the tiny presets of samples/models) and every built-in decoder plan at world
+# sizes 1, 2, 4 and 8 and on a 2x2 dp × tp mesh. The zoo's decoder has 4 heads: at world 8 it
+# must fail with the clear head-count error instead.
+set -uo pipefail
+ct="$1" samples="$2"
+fails=0 runs=0
+for model in decoder "$samples/llama-tiny.json" "$samples/llama-tiny-fused.json" "$samples/gpt-tiny.json"; do
+  for plan in tp sp torchtitan; do
+    for world in "1" "2" "4" "8" "4 --mesh 2x2"; do
+      runs=$((runs + 1))
+      # shellcheck disable=SC2086
+      out="$("$ct" verify --model "$model" --plan "$plan" --world-size $world 2>&1)"
+      rc=$?
+      if [[ "$model" == decoder && "$world" == 8 ]]; then
+        if [[ $rc -ne 2 || "$out" != *"must be divisible by the tensor-parallel degree"* ]]; then
+          fails=$((fails + 1))
+          printf 'FAILED (expected the head-count error): verify --model %s --plan %s --world-size 8\n%s\n' \
+            "$model" "$plan" "$out"
+        fi
+      elif [[ $rc -ne 0 ]]; then
+        fails=$((fails + 1))
+        printf 'FAILED: verify --model %s --plan %s --world-size %s\n%s\n' "$model" "$plan" "$world" "$out"
+      fi
+    done
+  done
+done
+echo "decoder matrix: $((runs - fails)) passed, $fails failed"
+[[ $fails -eq 0 ]]
