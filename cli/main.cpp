@@ -123,12 +123,14 @@ struct ParallelArgs {
   std::string mesh;
   std::string device = "cpu";
   std::string dtype = "f32";
+  std::string ddp_buckets = "default";
   CLI::Option* world_opt = nullptr;
   Processes procs;  // this process among the launch's (after resolve)
 
   void add_to(CLI::App* c) {
     c->add_option("--model", cfg.model, "Zoo model or model JSON file")->capture_default_str();
-    c->add_option("--plan", cfg.plan, "Built-in plan (tp, sp) or plan JSON file")
+    c->add_option("--plan", cfg.plan,
+                  "Built-in plan (tp, sp; decoder: torchtitan) or plan JSON file")
         ->capture_default_str();
     world_opt = c->add_option("--world-size", cfg.world_size,
                               "Ranks (with --backend mpi: the processes mpirun started)")
@@ -147,10 +149,26 @@ struct ParallelArgs {
                   "Seconds a rank waits for the others of its group before the run fails")
         ->capture_default_str()
         ->check(positive_finite());
+    c->add_option("--ddp-buckets", ddp_buckets,
+                  "DDP on the dp dim of a 2-D mesh: default (PyTorch's: 1 MiB first bucket, then "
+                  "25 MiB), a cap in MiB, or none (one all_reduce per gradient)")
+        ->capture_default_str()
+        ->check([](const std::string& v) -> std::string {
+          if (v == "default" || v == "none") return {};
+          char* end = nullptr;
+          const double x = std::strtod(v.c_str(), &end);
+          if (end == v.c_str() || *end != '\0' || !(x > 0) || !(x <= 1e6)) {
+            return "must be default, none, or a cap in MiB in (0, 1e6], got " + v;
+          }
+          return {};
+        });
   }
   // REQUIRES: cfg.backend set. Starts MPI for the mpi backend.
   void resolve() {
     if (!mesh.empty()) cfg.mesh = parse_mesh_shape(mesh);
+    cfg.ddp_bucket_mb = ddp_buckets == "default" ? 0.0
+                        : ddp_buckets == "none"  ? -1.0
+                                                 : std::strtod(ddp_buckets.c_str(), nullptr);
     cfg.module.dtype = parse_dtype(dtype);
     cfg.module.device = parse_device(device);
     const int launched = mpi_launched_processes();

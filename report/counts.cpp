@@ -1,6 +1,8 @@
 #include "report/counts.h"
 
+#include <algorithm>
 #include <charconv>
+#include <tuple>
 #include <utility>
 
 namespace commtrace {
@@ -70,7 +72,10 @@ std::string metadata_of(const Trace& t, const char* key) {
   return it == t.metadata.end() ? "" : it->second;
 }
 
-CountTree collective_counts(const Trace& t) {
+namespace {
+
+// collective_counts over every block, or over one block counted once.
+CountTree count_blocks(const Trace& t, const Block* only) {
   CountTree tree;
   tree.has_bytes = !is_torch_dump(t);
   const int n = int(t.modules.size());
@@ -79,7 +84,11 @@ CountTree collective_counts(const Trace& t) {
     slot[std::size_t(m)] = int(tree.modules.size());
     tree.modules.push_back(ModuleCounts{t.modules[std::size_t(m)].fqn, depth, {}});
   }
-  t.for_each_record([&](const Record& r, std::uint32_t repeat) {
+  auto each = [&](auto&& f) {
+    if (!only) return t.for_each_record(f);
+    for (std::uint32_t i = only->first; i < only->first + only->count; ++i) f(t.records[i], 1);
+  };
+  each([&](const Record& r, std::uint64_t repeat) {
     if (r.kind != EventKind::Collective || std::size_t(r.phase) >= std::size_t(kPhaseCount)) {
       return;
     }
@@ -108,6 +117,29 @@ CountTree collective_counts(const Trace& t) {
   return tree;
 }
 
+// Every (module, phase, collective, group) with its count and bytes, sorted: equal for two trees
+// with the same counts whatever their order of first occurrence.
+std::vector<
+    std::tuple<std::string, std::size_t, int, std::string, int, std::int64_t, std::uint64_t>>
+canonical(const CountTree& c) {
+  std::vector<
+      std::tuple<std::string, std::size_t, int, std::string, int, std::int64_t, std::uint64_t>>
+      out;
+  for (const ModuleCounts& m : c.modules) {
+    for (std::size_t p = 0; p < m.phases.size(); ++p) {
+      for (const GroupStat& g : m.phases[p]) {
+        out.emplace_back(m.fqn, p, int(g.op), g.group, g.group_size, g.stat.count, g.stat.bytes);
+      }
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+CountTree collective_counts(const Trace& t) { return count_blocks(t, nullptr); }
+
 int trace_iterations(const Trace& t) {
   const auto it = t.metadata.find("iterations");
   if (it == t.metadata.end()) return 1;
@@ -121,9 +153,31 @@ int trace_iterations(const Trace& t) {
 }
 
 CountTree collective_counts_per_iteration(const Trace& t) {
-  CountTree tree = collective_counts(t);
   const int iters = trace_iterations(t);
-  if (iters == 1) return tree;
+  if (iters == 1) return collective_counts(t);
+  // When the blocks are the iterations, each distinct block is one iteration's counts.
+  const std::vector<Block> blocks = t.block_list();
+  std::uint64_t covered = 0;
+  for (const Block& b : blocks) covered += b.repeat;
+  if (covered == std::uint64_t(iters) && !blocks.empty()) {
+    CountTree first = count_blocks(t, &blocks.front());
+    const auto first_key = canonical(first);
+    for (std::size_t i = 1; i < blocks.size(); ++i) {
+      CountTree c = count_blocks(t, &blocks[i]);
+      if (canonical(c) == first_key) continue;
+      // Iterations differ (DDP buckets its first iteration differently): the last one's counts,
+      // the steady state.
+      CountTree last = count_blocks(t, &blocks.back());
+      last.steady_from = int(blocks.back().iteration);
+      for (std::size_t j = blocks.size() - 1; j > 0; --j) {  // earlier blocks that match it
+        if (canonical(count_blocks(t, &blocks[j - 1])) != canonical(last)) break;
+        last.steady_from = int(blocks[j - 1].iteration);
+      }
+      return last;
+    }
+    return first;
+  }
+  CountTree tree = collective_counts(t);
   for (ModuleCounts& m : tree.modules) {
     for (std::size_t p = 0; p < m.phases.size(); ++p) {
       for (GroupStat& g : m.phases[p]) {

@@ -41,6 +41,9 @@ struct ModuleCounts {
 struct CountTree {
   std::vector<ModuleCounts> modules;  // preorder from Global (children in call order)
   bool has_bytes = true;              // false for PyTorch dumps (no bytes)
+  // Per-iteration counts of a trace whose iterations differ: the counts are those of the last
+  // iterations, alike from this one on (0: every iteration is alike).
+  int steady_from = 0;
   const ModuleCounts* find(const std::string& fqn) const;
 };
 
@@ -49,8 +52,11 @@ CountTree collective_counts(const Trace& t);
 // The trace's metadata "iterations" (1 when absent). Throws InvalidArgument when it is not a
 // positive integer.
 int trace_iterations(const Trace& t);
-// collective_counts divided by trace_iterations. Throws InvalidArgument naming the module,
-// phase and collective when a count or byte total is not a multiple of the iterations.
+// One iteration's counts. When the trace's blocks are its iterations: their counts if all
+// iterations are alike, else the last iterations' (steady_from says from which; DDP's first
+// iteration uses one bucket, the later ones its rebuilt buckets). Otherwise (a trace without
+// blocks) collective_counts divided by trace_iterations, throwing InvalidArgument naming the
+// module, phase and collective when a count or byte total is not a multiple of the iterations.
 CountTree collective_counts_per_iteration(const Trace& t);
 
 // Modules in preorder from Global with their depth; unreachable modules (a malformed tree) last.

@@ -147,8 +147,11 @@ std::string render_tree(const Trace& t, const TreeOptions& o) {
 std::string render_summary(const Trace& t) {
   const int iters = trace_iterations(t);
   const CountTree counts = collective_counts_per_iteration(t);
-  std::string out = fmt::format("per iteration ({} iteration{} traced, rank {}):\n", iters,
-                                iters == 1 ? "" : "s", t.rank);
+  std::string out = fmt::format(
+      "per iteration ({} iteration{} traced, rank {}{}):\n", iters, iters == 1 ? "" : "s", t.rank,
+      counts.steady_from > 0
+          ? fmt::format("; iteration {} on, the iterations before it differ", counts.steady_from)
+          : "");
   out += fmt::format("  {:<10} {:<15} {:<6} {:>4} {:>7} {:>12} {:>13}\n", "phase", "collective",
                      "group", "n", "count", "bytes", "busbw factor");
   std::int64_t total = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
 
@@ -60,6 +61,7 @@ RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg) {
   s.entry = &resolve_model(cfg.model);
   s.plan = resolve_plan(s.entry->family, cfg.plan);
   s.model = s.entry->build(cfg.seed, cfg.module);
+  s.ddp_bucket_mb = cfg.ddp_bucket_mb;
   parallelize_module(*s.model, s.tp, s.plan);
 
   const int dp = dp_size(s), tp = s.tp->size(0);
@@ -120,29 +122,155 @@ StepOut forward_loss(RankState& s) {
   return out;
 }
 
+namespace {
+
+// Caps of DDP's buckets in bytes: {the first bucket's, the others'} (bucket_cap_mb; PyTorch's
+// default is 1 MiB for the first bucket, 25 MiB after it).
+std::pair<std::int64_t, std::int64_t> bucket_caps(double mb) {
+  if (mb == 0) return {std::int64_t(1) << 20, std::int64_t(25) << 20};
+  const auto bytes = std::max<std::int64_t>(1, std::int64_t(mb * 1024 * 1024));
+  return {bytes, bytes};
+}
+
+// PyTorch's compute_bucket_assignment_by_size over tensors in gradient-ready order: one open
+// bucket per dtype, closed once it holds at least its cap (the first cap for a dtype's first
+// bucket), in the order they close, then the open ones.
+std::vector<std::vector<const TensorImpl*>> assign_buckets(
+    const std::vector<const TensorImpl*>& order, std::pair<std::int64_t, std::int64_t> caps) {
+  struct Open {
+    DType dtype;
+    std::vector<const TensorImpl*> items;
+    std::int64_t bytes = 0;
+    bool first = true;
+  };
+  std::vector<Open> open;
+  std::vector<std::vector<const TensorImpl*>> out;
+  for (const TensorImpl* p : order) {
+    const Tensor g(p->grad);
+    const DType dt = g.dtype();
+    auto it = std::find_if(open.begin(), open.end(), [&](const Open& o) { return o.dtype == dt; });
+    if (it == open.end()) it = open.insert(open.end(), Open{dt, {}, 0, true});
+    it->items.push_back(p);
+    it->bytes += (is_dtensor(g) ? dist_of(g).local : g).numel() * std::int64_t(dtype_size(dt));
+    if (it->bytes >= (it->first ? caps.first : caps.second)) {
+      out.push_back(std::move(it->items));
+      it->items.clear();
+      it->bytes = 0;
+      it->first = false;
+    }
+  }
+  for (Open& o : open) {
+    if (!o.items.empty()) out.push_back(std::move(o.items));
+  }
+  return out;
+}
+
+// All-reduces (average over "dp") the local gradients of `params` as one flat buffer and hands
+// each parameter its slice back.
+void all_reduce_bucket(RankState& s, const std::vector<Tensor>& params, std::size_t index,
+                       std::size_t count) {
+  std::vector<Tensor> flat_parts;
+  std::int64_t bytes = 0;
+  for (const Tensor& p : params) {
+    const Tensor g = p.grad();
+    const Tensor local = is_dtensor(g) ? dist_of(g).local : g;
+    flat_parts.push_back(view(local, {-1}));
+    bytes += local.numel() * std::int64_t(dtype_size(local.dtype()));
+  }
+  Tensor flat = flat_parts.size() == 1 ? clone(flat_parts[0]) : cat(flat_parts, 0);
+  const std::string reason =
+      Tracer::current() ? fmt::format("DDP bucket {} of {}: {} gradients, {} bytes, over '{}'",
+                                      index, count, params.size(), bytes, s.mesh->dim_name(0))
+                        : std::string();
+  {
+    const CollectiveScope scope(
+        CollectiveContext{reason, {}, {}, &s.mesh->info(), s.mesh->uid(), flat.shape()});
+    s.dp->all_reduce(flat, ReduceOp::Avg);
+  }
+  std::int64_t offset = 0;
+  for (Tensor p : params) {
+    const Tensor g = p.grad();
+    const Tensor local = is_dtensor(g) ? dist_of(g).local : g;
+    const Tensor part = view(narrow(flat, 0, offset, local.numel()), local.shape());
+    offset += local.numel();
+    if (!is_dtensor(g)) {
+      p.set_grad(part);
+      continue;
+    }
+    const DistSpec& d = dist_of(g);
+    p.set_grad(wrap_dtensor(part, d.mesh, d.placements, g.shape()));
+  }
+}
+
+}  // namespace
+
 void sync_data_parallel_grads(RankState& s) {
   if (!s.dp) return;
   PhaseScope phase(Phase::Backward);
-  for (const auto& [name, p] : s.model->named_parameters()) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    Tensor local = is_dtensor(g) ? dist_of(g).local : g;
-    const std::string reason =
-        Tracer::current() ? fmt::format("DDP gradient of {} over '{}'", name, s.mesh->dim_name(0))
-                          : std::string();
-    const std::span<const Placement> pl = is_dtensor(g)
-                                              ? std::span<const Placement>(dist_of(g).placements)
-                                              : std::span<const Placement>();
-    const CollectiveScope scope(
-        CollectiveContext{reason, pl, pl, &s.mesh->info(), s.mesh->uid(), g.shape()});
-    s.dp->all_reduce(local, ReduceOp::Avg);
+  std::vector<std::pair<std::string, Tensor>> params;
+  for (auto& [name, p] : s.model->named_parameters()) {
+    if (p.grad().defined()) params.emplace_back(name, p);
+  }
+  if (s.ddp_bucket_mb < 0) {  // one all_reduce per gradient, in parameter order
+    for (const auto& [name, p] : params) {
+      Tensor g = p.grad();
+      Tensor local = is_dtensor(g) ? dist_of(g).local : g;
+      const std::string reason =
+          Tracer::current() ? fmt::format("DDP gradient of {} over '{}'", name, s.mesh->dim_name(0))
+                            : std::string();
+      const std::span<const Placement> pl = is_dtensor(g)
+                                                ? std::span<const Placement>(dist_of(g).placements)
+                                                : std::span<const Placement>();
+      const CollectiveScope scope(
+          CollectiveContext{reason, pl, pl, &s.mesh->info(), s.mesh->uid(), g.shape()});
+      s.dp->all_reduce(local, ReduceOp::Avg);
+    }
+    return;
+  }
+  std::map<const TensorImpl*, Tensor> by_impl;
+  for (const auto& [name, p] : params) by_impl.emplace(p.impl(), p);
+  std::vector<std::vector<const TensorImpl*>> buckets;
+  if (!s.ddp.rebuilt) {
+    // The first iteration: one bucket per dtype holding every gradient (PyTorch's DDP before
+    // its buckets are rebuilt); then the buckets of the later iterations, in ready order.
+    std::vector<const TensorImpl*> all;
+    for (const auto& [name, p] : params) all.push_back(p.impl());
+    buckets = assign_buckets(
+        all, {std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::max()});
+    std::vector<const TensorImpl*> ready;
+    for (const TensorImpl* p : s.ddp.ready) {
+      if (by_impl.count(p) && std::find(ready.begin(), ready.end(), p) == ready.end()) {
+        ready.push_back(p);
+      }
+    }
+    s.ddp.buckets = assign_buckets(ready, bucket_caps(s.ddp_bucket_mb));
+    s.ddp.rebuilt = true;
+  } else {
+    buckets = s.ddp.buckets;
+  }
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    std::vector<Tensor> members;
+    for (const TensorImpl* p : buckets[b]) {
+      auto it = by_impl.find(p);
+      COMMTRACE_CHECK(it != by_impl.end(), ErrorCode::InvalidArgument,
+                      "DDP: a parameter of bucket {} has no gradient in this iteration (DDP "
+                      "without find_unused_parameters needs every gradient)",
+                      b);
+      members.push_back(it->second);
+    }
+    all_reduce_bucket(s, members, b, buckets.size());
   }
 }
 
 Tensor train_step(RankState& s, Optimizer& opt) {
   opt.zero_grad();
   StepOut step = forward_loss(s);
-  step.loss.backward();
+  if (s.dp && !s.ddp.rebuilt) {  // DDP learns the gradient-ready order in its first iteration
+    const GradReadyRecorder ready(s.ddp.ready);
+    step.loss.backward();
+  } else {
+    step.loss.backward();
+  }
   sync_data_parallel_grads(s);
   opt.step();
   return step.loss;

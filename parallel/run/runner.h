@@ -26,10 +26,23 @@ struct ParallelConfig {
   ModuleOptions module;             // dtype and device of parameters and batch
   std::string backend = "threads";  // threads, fake (run only), mpi (one process per rank)
   double timeout_s = 60.0;          // threads, mpi: longest wait for the other ranks of a group
+  // DDP's bucket cap in MiB (bucket_cap_mb); 0: PyTorch's default, a first bucket of 1 MiB and
+  // then 25 MiB. Negative: one all_reduce per gradient (no buckets).
+  double ddp_bucket_mb = 0;
 };
 
 // The mesh shape of a config, checked against the world size.
 std::vector<int> mesh_shape(const ParallelConfig& cfg);
+
+// DDP's gradient buckets, as torch.nn.parallel.DistributedDataParallel forms them: the first
+// iteration all-reduces every gradient in one bucket per dtype while recording the order in
+// which gradients become ready; from the second on, buckets follow that order, each closed once
+// it reaches its cap (the first bucket's cap, then the others').
+struct DdpBuckets {
+  bool rebuilt = false;
+  std::vector<const TensorImpl*> ready;  // parameters in gradient-ready order
+  std::vector<std::vector<const TensorImpl*>> buckets;
+};
 
 struct RankState {
   std::shared_ptr<DeviceMesh> mesh;  // the full mesh
@@ -39,6 +52,8 @@ struct RankState {
   Plan plan;
   std::shared_ptr<Module> model;
   Batch batch;  // this rank's slice; batch.input requires grad when asked (floating inputs)
+  double ddp_bucket_mb = 0;  // ParallelConfig::ddp_bucket_mb
+  DdpBuckets ddp;
 };
 
 // Builds the model from cfg.seed (identical on every rank), parallelizes it and slices the
@@ -51,7 +66,8 @@ struct StepOut {
 };
 StepOut forward_loss(RankState& s);
 
-// DDP: every parameter gradient averaged over "dp" (recorded in the backward phase).
+// DDP: every parameter gradient averaged over "dp", bucket by bucket (DdpBuckets; recorded in
+// the backward phase).
 void sync_data_parallel_grads(RankState& s);
 
 class Optimizer;

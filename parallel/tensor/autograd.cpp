@@ -77,6 +77,15 @@ void attach_node(Tensor& out, const char* name, std::span<const Tensor> inputs, 
   out.impl()->requires_grad = true;
 }
 
+namespace {
+thread_local std::vector<const TensorImpl*>* g_ready = nullptr;
+}  // namespace
+
+GradReadyRecorder::GradReadyRecorder(std::vector<const TensorImpl*>& out) : previous_(g_ready) {
+  g_ready = &out;
+}
+GradReadyRecorder::~GradReadyRecorder() { g_ready = previous_; }
+
 void run_backward(const Tensor& root, const Tensor& grad) {
   COMMTRACE_CHECK(root.requires_grad(), ErrorCode::InvalidArgument,
                   "backward: tensor {} does not require grad", describe(root));
@@ -93,17 +102,20 @@ void run_backward(const Tensor& root, const Tensor& grad) {
   NoGradGuard no_grad;
   if (root.is_leaf()) {
     accumulate_leaf(*root.impl(), std::move(g));
+    if (g_ready) g_ready->push_back(root.impl());
     return;
   }
 
-  // Count, for every reachable node, the edges that lead into it.
+  // Count, for every reachable node and leaf, the edges that lead into it.
   std::unordered_map<Node*, int> deps;
+  std::unordered_map<const TensorImpl*, int> leaf_deps;
   std::vector<Node*> stack{root.impl()->grad_fn.get()};
   std::unordered_set<Node*> seen{stack.back()};
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (const Edge& e : n->next) {
+      if (e.leaf) ++leaf_deps[e.leaf.get()];
       if (!e.node) continue;
       ++deps[e.node.get()];
       if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
@@ -141,6 +153,9 @@ void run_backward(const Tensor& root, const Tensor& grad) {
         if (e.leaf) {
           // The gradient's last use: moved, so that a unique one can be taken as it is.
           if (grads[i].defined()) accumulate_leaf(*e.leaf, std::move(grads[i]));
+          if (--leaf_deps[e.leaf.get()] == 0 && g_ready && e.leaf->grad) {
+            g_ready->push_back(e.leaf.get());
+          }
           continue;
         }
         if (!e.node) continue;

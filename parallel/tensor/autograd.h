@@ -67,6 +67,20 @@ void attach_grad(Tensor& out, const char* name, std::initializer_list<Tensor> in
               std::forward<F>(fn));
 }
 
+// While in scope, appends to `out` (on this thread) every leaf whose gradient becomes final in a
+// backward pass, in that order: the last edge into it has run (a leaf used twice, such as a tied
+// weight, is final after its second use). DDP's gradient-ready order, which it buckets by.
+class GradReadyRecorder {
+ public:
+  explicit GradReadyRecorder(std::vector<const TensorImpl*>& out);
+  ~GradReadyRecorder();
+  GradReadyRecorder(const GradReadyRecorder&) = delete;
+  GradReadyRecorder& operator=(const GradReadyRecorder&) = delete;
+
+ private:
+  std::vector<const TensorImpl*>* previous_;
+};
+
 // The engine behind Tensor::backward. REQUIRES: root requires grad; grad is undefined only for
 // a one-element root (then it is 1). Leaf gradients accumulate across calls.
 void run_backward(const Tensor& root, const Tensor& grad);

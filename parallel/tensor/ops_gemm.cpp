@@ -188,13 +188,16 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   const Tensor x2 = x.dim() == 2 ? x : view(x, {-1, w.size(1)});
   Tensor y = gemm(x2, w, b, false, true);
   const bool need_x = x2.requires_grad(), need_w = w.requires_grad();
-  const Tensor in[] = {x2, w, b};
-  attach_grad(y, b.defined() ? "AddmmBackward" : "MmBackward", in,
-              [x2, w, need_x, need_w, has_bias = b.defined()](const Tensor& g) {
-                return std::vector<Tensor>{need_x ? gemm(g, w) : Tensor(),
-                                           need_w ? gemm(g, x2, Tensor(), true, false) : Tensor(),
-                                           has_bias ? sum(g, 0) : Tensor()};
-              });
+  // The bias first: its gradient is final before the weight's, as in PyTorch (where the weight's
+  // passes through a TBackward node); DDP buckets gradients in that order.
+  const Tensor in[] = {b, x2, w};
+  attach_grad(
+      y, b.defined() ? "AddmmBackward" : "MmBackward", in,
+      [x2, w, need_x, need_w, has_bias = b.defined()](const Tensor& g) {
+        Tensor gx = need_x ? gemm(g, w) : Tensor();
+        Tensor gw = need_w ? gemm(g, x2, Tensor(), true, false) : Tensor();
+        return std::vector<Tensor>{has_bias ? sum(g, 0) : Tensor(), std::move(gx), std::move(gw)};
+      });
   if (x.dim() == 2) return y;
   Shape out_shape = x.shape();
   out_shape.back() = w.size(0);

@@ -67,5 +67,38 @@ CASES
 # the attention (feed-forward) input's backward reduce_scatter under attention.wq
 # (feed_forward.w1), the last backward hook; commtrace under attention (feed_forward), whose
 # pre-hook created it (DESIGN §1). Rolled-up counts agree from there up.
+# DDP's buckets (dp 2, tp 1): per iteration, the elements of each dp all_reduce, in order,
+# against PyTorch's DistributedDataParallel (its first iteration one bucket, then rebuilt ones).
+while read -r file cap; do
+  [[ -z "$file" ]] && continue
+  name="ddp-$file-$cap"
+  capflag=(); torchcap=()
+  [[ "$cap" != default ]] && capflag=(--ddp-buckets "$cap") && torchcap=("$cap")
+  model="$here/../../samples/models/$file.json"
+  if ! PYTHONPATH="$here" "$py" "$here/torch_ddp_buckets.py" "$model" 3 "${torchcap[@]}" \
+      >"$work/$name.torch" 2>"$work/$name.log"; then
+    echo "FAIL $name: the PyTorch oracle failed"; cat "$work/$name.log"; fails=$((fails + 1)); continue
+  fi
+  "$ct" run --model "$model" --plan tp --world-size 2 --mesh 2x1 --iters 3 "${capflag[@]}" \
+    --json "$work/$name.json" >/dev/null || { echo "FAIL $name: commtrace run failed"; fails=$((fails + 1)); continue; }
+  "$py" - "$work/$name.json" >"$work/$name.ours" <<'PY'
+import json, sys
+rank = json.load(open(sys.argv[1]))["ranks"][0]
+for b in rank["blocks"]:
+    sizes = [r["collective"]["bytes"] // 4 for r in b["records"]
+             if r.get("kind") == "collective" and r["collective"]["group"] == "dp"]
+    for _ in range(b.get("repeat", 1)):
+        print(json.dumps(sizes))
+PY
+  if diff "$work/$name.torch" "$work/$name.ours" >"$work/$name.diff"; then
+    echo "ok   $name ($(wc -l <"$work/$name.ours") iterations)"
+  else
+    echo "FAIL $name"; cat "$work/$name.diff"; fails=$((fails + 1))
+  fi
+done <<'DDP'
+llama-tiny default
+llama-tiny 0.01
+gpt-tiny 0.02
+DDP
 echo "oracle: $fails failed"
 [[ $fails -eq 0 ]]

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "parallel/tensor/autograd.h"
 #include "parallel/tensor/ops.h"
 #include "parallel/tensor/tensor.h"
 #include "tests/catch_compat.h"
@@ -199,4 +200,23 @@ TEST_CASE("mixing devices in one op is an error", "[tensor][errors]") {
   const Tensor m = Tensor::zeros({2, 2}, DType::F32, Device::Meta);
   const std::string msg = error_of([&] { add(a, m); }).what();
   REQUIRE(msg.find("different devices") != std::string::npos);
+}
+
+TEST_CASE("GradReadyRecorder lists leaves as their gradients become final", "[autograd]") {
+  // l = sum(w1 * (w2 * (w1 * x))): w1 has two uses; it is final after the inner one, so w2
+  // comes first. A leaf without a gradient is not listed.
+  Tensor x = Tensor::from_vector({1, 2}, {2});
+  Tensor w1 = Tensor::from_vector({3, 4}, {2}), w2 = Tensor::from_vector({5, 6}, {2});
+  Tensor unused = Tensor::from_vector({7, 8}, {2});
+  for (Tensor* t : {&w1, &w2, &unused}) t->set_requires_grad(true);
+  const Tensor l = sum(mul(w1, mul(w2, mul(w1, x))));
+  std::vector<const TensorImpl*> order;
+  {
+    const GradReadyRecorder rec(order);
+    l.backward();
+  }
+  REQUIRE(order == std::vector<const TensorImpl*>{w2.impl(), w1.impl()});
+  // Outside the scope nothing is recorded.
+  sum(mul(w2, x)).backward();
+  REQUIRE(order.size() == 2);
 }

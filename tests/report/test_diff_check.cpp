@@ -13,6 +13,7 @@
 #include "report/counts.h"
 #include "report/diff.h"
 #include "report/trace_json.h"
+#include "report/tree.h"
 #include "tests/catch_compat.h"
 #include "tracer/collectives.h"
 
@@ -169,6 +170,25 @@ TEST_CASE("counts: rolled up per module and phase, Global first", "[report][coun
     REQUIRE(contains(error_of([&] { collective_counts_per_iteration(odd); }), "not a whole"));
     odd.metadata["iterations"] = "zero";
     REQUIRE(contains(error_of([&] { trace_iterations(odd); }), "'zero'"));
+  }
+  SECTION("iterations that differ: the steady state") {
+    // DDP (dp 2 × tp 2): its first iteration all-reduces one bucket, the later ones 4 (a cap of
+    // 1 byte closes a bucket at every gradient).
+    TraceOptions o;
+    o.cfg.model = "mlp";
+    o.cfg.world_size = 4;
+    o.cfg.mesh = {2, 2};
+    o.cfg.ddp_bucket_mb = 1.0 / (1 << 20);
+    o.iters = 3;
+    const Trace t = trace_run(o)[0];
+    const CountTree all = collective_counts(t);
+    const CountTree per = collective_counts_per_iteration(t);
+    REQUIRE(per.steady_from == 1);
+    const std::int64_t first = count_of(all.find("Global"), Phase::Backward, "all_reduce") -
+                               2 * count_of(per.find("Global"), Phase::Backward, "all_reduce");
+    REQUIRE(count_of(per.find("Global"), Phase::Backward, "all_reduce") == 4);
+    REQUIRE(first == 1);
+    REQUIRE(contains(render_summary(t), "iteration 1 on, the iterations before it differ"));
   }
   SECTION("PyTorch keys count under canonical names") {
     const Trace t = tiny({{2, Phase::Forward, "c10d_functional.all_gather_into_tensor"},
