@@ -129,8 +129,9 @@ struct ParallelArgs {
 
   void add_to(CLI::App* c) {
     c->add_option("--model", cfg.model, "Zoo model or model JSON file")->capture_default_str();
-    c->add_option("--plan", cfg.plan,
-                  "Built-in plan (tp, sp; decoder: torchtitan) or plan JSON file")
+    c->add_option(
+         "--plan", cfg.plan,
+         "Built-in plan (tp, sp; decoder: torchtitan, megatron, megatron-sp) or plan JSON file")
         ->capture_default_str();
     world_opt = c->add_option("--world-size", cfg.world_size,
                               "Ranks (with --backend mpi: the processes mpirun started)")

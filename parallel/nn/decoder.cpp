@@ -24,6 +24,7 @@ void DecoderArgs::check() const {
     fail(fmt::format("decoder: RoPE needs an even head dim, got {} (dim {} / n_heads {})",
                      head_dim(), dim, n_heads));
   }
+  if (fused_gate_up && !swiglu) fail("decoder: a fused gate/up projection needs the SwiGLU MLP");
   if (hidden_dim < 0 || !(norm_eps > 0) || !(rope_theta > 1)) {
     fail("decoder: hidden_dim must be >= 0 (0: 4 * dim), norm_eps > 0 and rope_theta > 1");
   }
@@ -147,12 +148,30 @@ Tensor DecoderAttention::forward(const Tensor& x) {
 
 DecoderFeedForward::DecoderFeedForward(const DecoderArgs& a, Generator& gen, const ModuleOptions& o)
     : Module("FeedForward") {
-  w1 = register_module("w1", linear_of(a.dim, a.ffn_dim(), a, gen, o));
+  if (a.fused_gate_up) {
+    w13 = register_module("w13", linear_of(a.dim, 2 * a.ffn_dim(), a, gen, o));
+  } else {
+    w1 = register_module("w1", linear_of(a.dim, a.ffn_dim(), a, gen, o));
+  }
   w2 = register_module("w2", linear_of(a.ffn_dim(), a.dim, a, gen, o));
-  if (a.swiglu) w3 = register_module("w3", linear_of(a.dim, a.ffn_dim(), a, gen, o));
+  if (a.swiglu && !a.fused_gate_up) {
+    w3 = register_module("w3", linear_of(a.dim, a.ffn_dim(), a, gen, o));
+  }
 }
 
 Tensor DecoderFeedForward::forward(const Tensor& x) {
+  if (w13) {
+    const Tensor h = (*w13)(x);
+    const Shape& s = h.shape();
+    Shape units(s.begin(), s.end() - 1);
+    units.push_back(-1);
+    units.push_back(2);
+    const Tensor pairs = view(h, units);  // (..., hidden units here, [gate, up])
+    Shape out(s.begin(), s.end() - 1);
+    out.push_back(-1);
+    const Tensor gate = silu(view(narrow(pairs, -1, 0, 1), out));
+    return (*w2)(mul(gate, view(narrow(pairs, -1, 1, 1), out)));
+  }
   if (!w3) return (*w2)(gelu((*w1)(x)));
   const Tensor gate = silu((*w1)(x));  // separate statements: w1 runs before w3, as in PyTorch
   return (*w2)(mul(gate, (*w3)(x)));

@@ -25,8 +25,9 @@ struct DecoderArgs {
   bool swiglu = true;  // w2(silu(w1 x) * w3 x); else w2(gelu(w1 x))
   bool rope = true;    // else learned position embeddings (pos_embeddings)
   double rope_theta = 10000.0;
-  bool fused_qkv = false;  // one wqkv projection (Megatron's layout) instead of wq, wk, wv
-  bool bias = false;       // on every Linear
+  bool fused_qkv = false;      // one wqkv projection (Megatron's layout) instead of wq, wk, wv
+  bool fused_gate_up = false;  // SwiGLU: one w13 (Megatron's linear_fc1) instead of w1 and w3
+  bool bias = false;           // on every Linear
   bool tie_embeddings = false;
   bool causal = true;
 
@@ -71,12 +72,14 @@ class DecoderAttention : public Module {
   std::shared_ptr<RopeCache> rope_;
 };
 
-// SwiGLU: w2(silu(w1 x) * w3 x); GELU: w2(gelu(w1 x)).
+// SwiGLU: w2(silu(w1 x) * w3 x); GELU: w2(gelu(w1 x)). A fused w13 interleaves the two per
+// hidden unit (output 2j is unit j's gate, 2j + 1 its up projection), so a column shard holds
+// whole units.
 class DecoderFeedForward : public Module {
  public:
   DecoderFeedForward(const DecoderArgs& a, Generator& gen, const ModuleOptions& o);
   Tensor forward(const Tensor& x) override;
-  std::shared_ptr<Linear> w1, w2, w3;
+  std::shared_ptr<Linear> w1, w2, w3, w13;
 };
 
 // h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)).

@@ -205,11 +205,12 @@ void set_decoder(ModelEntry& e, const DecoderArgs& a, std::int64_t batch, std::i
 
 std::string decoder_description(const DecoderArgs& a) {
   return fmt::format(
-      "Decoder: {} layers, vocab {}, dim {}, {} heads ({} kv), ffn {}, {}, {}, {}, {} qkv{}{}",
+      "Decoder: {} layers, vocab {}, dim {}, {} heads ({} kv), ffn {}, {}, {}{}, {}, {} qkv{}{}",
       a.n_layers, a.vocab_size, a.dim, a.n_heads, a.kv_heads(), a.ffn_dim(),
       a.rms_norm ? "RMSNorm" : "LayerNorm", a.swiglu ? "SwiGLU" : "GELU",
-      a.rope ? "RoPE" : "learned positions", a.fused_qkv ? "fused" : "separate",
-      a.bias ? ", biases" : "", a.tie_embeddings ? ", tied output" : "");
+      a.fused_gate_up ? " (fused gate/up)" : "", a.rope ? "RoPE" : "learned positions",
+      a.fused_qkv ? "fused" : "separate", a.bias ? ", biases" : "",
+      a.tie_embeddings ? ", tied output" : "");
 }
 
 std::vector<ModelEntry> build_zoo() {
@@ -326,7 +327,7 @@ ModelEntry model_from_json_text(const std::string& text, const std::string& sour
     rd.check_keys(args, apath,
                   {"n_layers", "vocab_size", "dim", "n_heads", "n_kv_heads", "hidden_dim",
                    "max_seq_len", "norm", "norm_eps", "mlp", "position", "rope_theta", "qkv",
-                   "bias", "tie_embeddings", "causal", "batch", "seq_len"});
+                   "gate_up", "bias", "tie_embeddings", "causal", "batch", "seq_len"});
     DecoderArgs a;
     a.n_layers = int(get_int("n_layers", a.n_layers, 100000));
     a.vocab_size = get_int("vocab_size", a.vocab_size, kMaxDim);
@@ -363,6 +364,7 @@ ModelEntry model_from_json_text(const std::string& text, const std::string& sour
     a.rope = choice("position", "rope", "learned", a.rope);
     a.rope_theta = positive("rope_theta", a.rope_theta);
     a.fused_qkv = choice("qkv", "fused", "separate", a.fused_qkv);
+    a.fused_gate_up = choice("gate_up", "fused", "separate", a.fused_gate_up);
     a.bias = flag("bias", a.bias);
     a.tie_embeddings = flag("tie_embeddings", a.tie_embeddings);
     a.causal = flag("causal", a.causal);

@@ -369,9 +369,9 @@ Plan plan_from_json_text(const std::string& text, const std::string& source) {
   const Json j = rd.parse(text, "a JSON object with \"schema\": \"commtrace.plan\"");
   const JsonPath top;
   rd.check_header(j, "commtrace.plan", {{1, 1}}, "plan");
-  rd.check_keys(
-      j, top,
-      {"schema", "version", "name", "plan", "model_input", "model_output", "loss_parallel"});
+  rd.check_keys(j, top,
+                {"schema", "version", "name", "plan", "model_input", "model_output",
+                 "loss_parallel", "coalesce_partial_grads"});
   Plan plan;
   const Json* name = rd.find(j, "name");
   plan.name = name ? rd.str(*name, top.key("name")) : source;
@@ -390,6 +390,9 @@ Plan plan_from_json_text(const std::string& text, const std::string& source) {
                           plan.model_output.str()));
     }
   }
+  if (const Json* v = rd.find(j, "coalesce_partial_grads")) {
+    plan.coalesce_partial_grads = rd.boolean(*v, top.key("coalesce_partial_grads"));
+  }
   const JsonPath ppath = top.key("plan");
   const Json& styles = rd.object(rd.at(j, "plan", top), ppath);
   if (styles.empty()) rd.fail(ppath, "no styles (a plan maps module patterns to styles)");
@@ -405,7 +408,7 @@ Plan load_plan_file(const std::string& path) {
 
 std::vector<std::string> builtin_plan_names(const std::string& model) {
   if (model == "mlp-stacked") return {"tp"};
-  if (model == "decoder") return {"tp", "sp", "torchtitan"};
+  if (model == "decoder") return {"tp", "sp", "torchtitan", "megatron", "megatron-sp"};
   return {"tp", "sp"};
 }
 
@@ -415,10 +418,19 @@ namespace {
 // "sp" and "torchtitan" with it (torchtitan always shards the sequence); "torchtitan" leaves the
 // logits vocab-sharded for loss parallel. Works on separate or fused QKV, SwiGLU or GELU,
 // RoPE or learned positions: the patterns for parts a model lacks are optional.
+// Megatron-LM's tensor parallelism on its fused QKV (wqkv required; SwiGLU's fc1 is fused as
+// w13 in Megatron's models, a GELU fc1 is w1): "megatron"
+// without and "megatron-sp" with sequence parallelism. Its conjugate operators are the styles'
+// conversions: f (identity forward, all_reduce backward; with SP all_gather / reduce_scatter) is
+// a column-parallel module's input, g (all_reduce forward, identity backward; with SP
+// reduce_scatter / all_gather) a row-parallel module's output; the output layer keeps the logits
+// vocab-sharded for its vocab-parallel cross-entropy (loss parallel); with SP, the norms'
+// gradients are all-reduced over tp in one coalesced call after backward (finalize_model_grads).
 Plan decoder_plan(const std::string& name) {
   const Placement R = Placement::replicate();
   auto S = [](int d) { return Placement::shard(d); };
-  const bool sp = name != "tp";
+  const bool megatron = name == "megatron" || name == "megatron-sp";
+  const bool sp = name != "tp" && name != "megatron";
   Plan p;
   p.name = "decoder " + name;
   auto add = [&](std::string pattern, std::shared_ptr<ParallelStyle> style, bool optional) {
@@ -452,18 +464,22 @@ Plan decoder_plan(const std::string& name) {
     add("layers.*.attention", prepare(), false);
   }
   for (const char* w : {"wq", "wk", "wv", "wqkv"}) {
-    add(std::string("layers.*.attention.") + w, colwise(R, S(-1), true), true);
+    const bool fused = std::string(w) == "wqkv";
+    if (megatron && !fused) continue;
+    add(std::string("layers.*.attention.") + w, colwise(R, S(-1), true), !megatron);
   }
   add("layers.*.attention.wo", rowwise(S(-1), sp ? S(1) : R), false);
   if (sp) {
     add("layers.*.ffn_norm", std::make_shared<SequenceParallel>(), false);
     add("layers.*.feed_forward", prepare(), false);
   }
-  add("layers.*.feed_forward.w1", colwise(R, S(-1), true), false);
+  for (const char* w : {"w1", "w3", "w13"}) {
+    add(std::string("layers.*.feed_forward.") + w, colwise(R, S(-1), true), true);
+  }
   add("layers.*.feed_forward.w2", rowwise(S(-1), sp ? S(1) : R), false);
-  add("layers.*.feed_forward.w3", colwise(R, S(-1), true), true);
-  if (name == "torchtitan") {
-    add("output", colwise(S(1), S(-1), false), false);
+  p.coalesce_partial_grads = name == "megatron-sp";
+  if (name == "torchtitan" || megatron) {
+    add("output", colwise(sp ? S(1) : R, S(-1), false), false);
     p.model_output = S(-1);
     p.loss_parallel = true;
   } else {
@@ -492,8 +508,9 @@ Plan builtin_plan(const std::string& model, const std::string& name) {
     s->output_layout = out;
     return s;
   };
-  if (model == "decoder" && (name == "tp" || name == "sp" || name == "torchtitan")) {
-    return decoder_plan(name);
+  if (model == "decoder") {
+    const auto names = builtin_plan_names(model);
+    if (std::find(names.begin(), names.end(), name) != names.end()) return decoder_plan(name);
   }
   const bool known_model = model == "toy" || model == "mlp" || model == "mlp-stacked" ||
                            model == "transformer" || model == "decoder";

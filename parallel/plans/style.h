@@ -76,6 +76,10 @@ struct Plan {
   // The cross-entropy loss runs on the class-sharded output without gathering it (PyTorch's
   // loss_parallel; dtensor/loss.h). REQUIRES: model_output Shard(-1), a cross-entropy model.
   bool loss_parallel = false;
+  // After backward, every Partial gradient of a parameter is all-reduced over the plan's mesh in
+  // one coalesced call (Megatron-LM's finalize_model_grads for sequence-parallel norms), instead
+  // of one all_reduce per gradient in the optimizer step.
+  bool coalesce_partial_grads = false;
   // Patterns that may match no module (a built-in plan's wq/wk/wv against a fused wqkv model);
   // any other pattern that matches nothing is an error.
   std::vector<std::string> optional;
@@ -96,7 +100,8 @@ std::vector<std::string> match_modules(Module& root, const std::string& pattern)
 Plan plan_from_json_text(const std::string& text, const std::string& source);
 Plan load_plan_file(const std::string& path);
 // Built-in plans: toy and mlp "tp", "sp"; mlp-stacked "tp"; transformer "tp", "sp"; decoder
-// "tp", "sp", "torchtitan" (sp with the output left vocab-sharded and loss parallel).
+// "tp", "sp", "torchtitan" (sp with the output left vocab-sharded and loss parallel), "megatron",
+// "megatron-sp" (fused wqkv required).
 Plan builtin_plan(const std::string& model, const std::string& plan);
 // A built-in name of the model family, or a path to a JSON file.
 Plan resolve_plan(const std::string& family, const std::string& plan_or_file);

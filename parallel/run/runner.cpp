@@ -165,10 +165,12 @@ std::vector<std::vector<const TensorImpl*>> assign_buckets(
   return out;
 }
 
-// All-reduces (average over "dp") the local gradients of `params` as one flat buffer and hands
-// each parameter its slice back.
-void all_reduce_bucket(RankState& s, const std::vector<Tensor>& params, std::size_t index,
-                       std::size_t count) {
+// All-reduces the local gradients of `params` over `comm` as one flat buffer and hands each
+// parameter its slice back; a DTensor gradient's Partial placements become Replicate when
+// `resolve_partial` (the reduction is theirs). `reason` is formatted only when traced.
+template <class Reason>
+void all_reduce_flat(RankState& s, const std::vector<Tensor>& params, Communicator& comm,
+                     ReduceOp op, bool resolve_partial, Reason&& reason) {
   std::vector<Tensor> flat_parts;
   std::int64_t bytes = 0;
   for (const Tensor& p : params) {
@@ -178,14 +180,11 @@ void all_reduce_bucket(RankState& s, const std::vector<Tensor>& params, std::siz
     bytes += local.numel() * std::int64_t(dtype_size(local.dtype()));
   }
   Tensor flat = flat_parts.size() == 1 ? clone(flat_parts[0]) : cat(flat_parts, 0);
-  const std::string reason =
-      Tracer::current() ? fmt::format("DDP bucket {} of {}: {} gradients, {} bytes, over '{}'",
-                                      index, count, params.size(), bytes, s.mesh->dim_name(0))
-                        : std::string();
   {
+    const std::string why = Tracer::current() ? reason(bytes) : std::string();
     const CollectiveScope scope(
-        CollectiveContext{reason, {}, {}, &s.mesh->info(), s.mesh->uid(), flat.shape()});
-    s.dp->all_reduce(flat, ReduceOp::Avg);
+        CollectiveContext{why, {}, {}, &s.mesh->info(), s.mesh->uid(), flat.shape()});
+    comm.all_reduce(flat, op);
   }
   std::int64_t offset = 0;
   for (Tensor p : params) {
@@ -198,8 +197,20 @@ void all_reduce_bucket(RankState& s, const std::vector<Tensor>& params, std::siz
       continue;
     }
     const DistSpec& d = dist_of(g);
-    p.set_grad(wrap_dtensor(part, d.mesh, d.placements, g.shape()));
+    Placements placements = d.placements;
+    for (Placement& pl : placements) {
+      if (resolve_partial && pl.is_partial()) pl = Placement::replicate();
+    }
+    p.set_grad(wrap_dtensor(part, d.mesh, placements, g.shape()));
   }
+}
+
+void all_reduce_bucket(RankState& s, const std::vector<Tensor>& params, std::size_t index,
+                       std::size_t count) {
+  all_reduce_flat(s, params, *s.dp, ReduceOp::Avg, false, [&](std::int64_t bytes) {
+    return fmt::format("DDP bucket {} of {}: {} gradients, {} bytes, over '{}'", index, count,
+                       params.size(), bytes, s.mesh->dim_name(0));
+  });
 }
 
 }  // namespace
@@ -262,6 +273,31 @@ void sync_data_parallel_grads(RankState& s) {
   }
 }
 
+void coalesce_partial_grads(RankState& s) {
+  if (!s.plan.coalesce_partial_grads) return;
+  PhaseScope phase(Phase::Backward);
+  std::vector<Tensor> partial;
+  for (const auto& [name, p] : s.model->named_parameters()) {
+    const Tensor g = p.grad();
+    if (!g.defined() || !is_dtensor(g)) continue;
+    const Placements& pl = dist_of(g).placements;
+    COMMTRACE_CHECK(pl.size() == 1 && dist_of(g).mesh == s.tp, ErrorCode::Internal,
+                    "coalesced gradients: {} is not on the plan's 1-D mesh", name);
+    if (!pl[0].is_partial()) continue;
+    COMMTRACE_CHECK(pl[0].op == ReduceOp::Sum, ErrorCode::Unsupported,
+                    "coalesced gradients: {} is {}; only Partial(sum) is coalesced", name,
+                    pl[0].str());
+    partial.push_back(p);
+  }
+  if (partial.empty()) return;
+  all_reduce_flat(s, partial, s.tp->comm(0), ReduceOp::Sum, true, [&](std::int64_t bytes) {
+    return fmt::format(
+        "{} Partial gradients ({} bytes) over '{}' in one call (plan '{}': "
+        "coalesce_partial_grads)",
+        partial.size(), bytes, s.tp->dim_name(0), s.plan.name);
+  });
+}
+
 Tensor train_step(RankState& s, Optimizer& opt) {
   opt.zero_grad();
   StepOut step = forward_loss(s);
@@ -271,6 +307,7 @@ Tensor train_step(RankState& s, Optimizer& opt) {
   } else {
     step.loss.backward();
   }
+  coalesce_partial_grads(s);
   sync_data_parallel_grads(s);
   opt.step();
   return step.loss;

@@ -70,6 +70,10 @@ StepOut forward_loss(RankState& s);
 // the backward phase).
 void sync_data_parallel_grads(RankState& s);
 
+// With the plan's coalesce_partial_grads: every Partial(sum) gradient all-reduced over the plan's
+// mesh in one call, left Replicate (recorded in the backward phase).
+void coalesce_partial_grads(RankState& s);
+
 class Optimizer;
 // One training iteration: zero_grad, forward and loss, backward, DDP, the optimizer step.
 // Returns the loss (this rank's view).

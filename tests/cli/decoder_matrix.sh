@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # decoder_matrix.sh COMMTRACE SAMPLES: `commtrace verify` must PASS for every decoder model (the
 # zoo's decoder and the tiny presets of samples/models) and every built-in decoder plan at world
-# sizes 1, 2, 4 and 8 and on a 2x2 dp × tp mesh. The zoo's decoder has 4 heads: at world 8 it
-# must fail with the clear head-count error instead.
+# sizes 1, 2, 4 and 8 and on a 2x2 dp × tp mesh; the Megatron plans for the fused-QKV models.
+# The zoo's decoder has 4 heads: at world 8 it must fail with the clear head-count error.
 set -uo pipefail
 ct="$1" samples="$2"
 fails=0 runs=0
-for model in decoder "$samples/llama-tiny.json" "$samples/llama-tiny-fused.json" "$samples/gpt-tiny.json"; do
-  for plan in tp sp torchtitan; do
+for model in decoder "$samples/llama-tiny.json" "$samples/llama-tiny-fused.json" "$samples/gpt-tiny.json" \
+    "$samples/llama-tiny-megatron.json" "$samples/gpt-tiny-fused.json"; do
+  plans="tp sp torchtitan"
+  [[ "$model" == *fused* || "$model" == *megatron* ]] && plans="$plans megatron megatron-sp"
+  for plan in $plans; do
     for world in "1" "2" "4" "8" "4 --mesh 2x2"; do
       runs=$((runs + 1))
       # shellcheck disable=SC2086

@@ -62,6 +62,10 @@ decoder:llama-tiny-fused torchtitan 4 - 3
 decoder:gpt-tiny tp 4 - -1
 decoder:gpt-tiny sp 4 - 3
 decoder:gpt-tiny torchtitan 4 - 3
+decoder:llama-tiny-megatron megatron 2 - -1
+decoder:llama-tiny-megatron megatron 4 - -1
+decoder:llama-tiny-megatron torchtitan 4 - 3
+decoder:gpt-tiny-fused megatron 4 - -1
 CASES
 # transformer and decoder sp / torchtitan at depth 3 (down to layers.i.attention): PyTorch files
 # the attention (feed-forward) input's backward reduce_scatter under attention.wq

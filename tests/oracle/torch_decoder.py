@@ -94,12 +94,18 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, a):
         super().__init__()
-        self.w1 = nn.Linear(a["dim"], a["hidden_dim"], bias=a["bias"])
+        if a.get("gate_up") == "fused":
+            self.w13 = nn.Linear(a["dim"], 2 * a["hidden_dim"], bias=a["bias"])
+        else:
+            self.w1 = nn.Linear(a["dim"], a["hidden_dim"], bias=a["bias"])
         self.w2 = nn.Linear(a["hidden_dim"], a["dim"], bias=a["bias"])
-        if a["mlp"] == "swiglu":
+        if a["mlp"] == "swiglu" and a.get("gate_up") != "fused":
             self.w3 = nn.Linear(a["dim"], a["hidden_dim"], bias=a["bias"])
 
     def forward(self, x):
+        if hasattr(self, "w13"):  # gate and up interleaved per hidden unit
+            pairs = self.w13(x).unflatten(-1, (-1, 2))
+            return self.w2(F.silu(pairs[..., 0]) * pairs[..., 1])
         if not hasattr(self, "w3"):
             return self.w2(F.gelu(self.w1(x)))
         gate = F.silu(self.w1(x))
@@ -147,15 +153,20 @@ class Transformer(nn.Module):
 
 
 def parallelize(model, mesh, plan):
-    """commtrace's built-in decoder plans (parallel/plans/style.cpp), with torch's styles."""
-    sp = plan != "tp"
+    """commtrace's built-in decoder plans (parallel/plans/style.cpp), with torch's styles.
+    "megatron" is tp with the logits left vocab-sharded and loss parallel (Megatron's
+    vocab-parallel cross-entropy); megatron-sp's coalesced gradient all_reduce has no PyTorch
+    counterpart and is not built here."""
+    if plan == "megatron-sp":
+        raise SystemExit("megatron-sp: no PyTorch counterpart (coalesced gradient all_reduce)")
+    sp = plan not in ("tp", "megatron")
     R, S1 = Replicate(), Shard(1)
     top = {"tok_embeddings": RowwiseParallel(input_layouts=R, output_layouts=S1 if sp else R)}
     if hasattr(model, "pos_embeddings"):
         top["pos_embeddings"] = RowwiseParallel(input_layouts=R,
                                                 output_layouts=Shard(0) if sp else R)
-    if plan == "torchtitan":
-        top["output"] = ColwiseParallel(input_layouts=S1, output_layouts=Shard(-1),
+    if plan in ("torchtitan", "megatron"):
+        top["output"] = ColwiseParallel(input_layouts=S1 if sp else R, output_layouts=Shard(-1),
                                         use_local_output=False)
     else:
         top["output"] = ColwiseParallel(input_layouts=S1 if sp else R, output_layouts=R)
@@ -174,10 +185,10 @@ def parallelize(model, mesh, plan):
             if hasattr(block.attention, w):
                 p[f"attention.{w}"] = ColwiseParallel()
         p["attention.wo"] = RowwiseParallel(output_layouts=S1 if sp else R)
-        p["feed_forward.w1"] = ColwiseParallel()
+        for w in ("w1", "w3", "w13"):
+            if hasattr(block.feed_forward, w):
+                p[f"feed_forward.{w}"] = ColwiseParallel()
         p["feed_forward.w2"] = RowwiseParallel(output_layouts=S1 if sp else R)
-        if hasattr(block.feed_forward, "w3"):
-            p["feed_forward.w3"] = ColwiseParallel()
         parallelize_module(block, mesh, p)
     return model
 
@@ -196,7 +207,7 @@ def build(path, plan, mesh):
         return F.cross_entropy(out.flatten(0, 1), targets.flatten(0, 1))
 
     def context():
-        if plan == "torchtitan":
+        if plan in ("torchtitan", "megatron"):
             from torch.distributed.tensor.parallel import loss_parallel
             return loss_parallel()
         return contextlib.nullcontext()

@@ -184,7 +184,7 @@ def main(argv=None):
                    choices=["toy", "mlp", "mlp-stacked", "transformer", "decoder"])
     p.add_argument("--model-file", help="with --model decoder: a commtrace model file (base "
                    "decoder), run with cross-entropy as commtrace runs it")
-    p.add_argument("--plan", required=True, choices=["tp", "sp", "torchtitan"])
+    p.add_argument("--plan", required=True, choices=["tp", "sp", "torchtitan", "megatron"])
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--input-requires-grad", action="store_true")
