@@ -157,13 +157,20 @@ class Kernels {
                                   const void* v, const void* probs, void* grad_q, void* grad_k,
                                   void* grad_v, i64 bh, i64 t, i64 d, double scale) const = 0;
 
-  // ---- cross-entropy, mean over n rows: logits (n, c), targets (n) in [0, c) else throws ----
-  virtual void cross_entropy_forward(DType dt, const void* logits, const i64* targets, i64 n, i64 c,
-                                     void* loss) const = 0;  // loss: 1 element, dt
-  // grad_logits = grad_loss * (softmax(logits) - onehot(target)) / n; grad_loss: 1 element, dt.
-  virtual void cross_entropy_backward(DType dt, const void* grad_loss, const void* logits,
-                                      const i64* targets, void* grad_logits, i64 n,
-                                      i64 c) const = 0;
+  // ---- cross-entropy as PyTorch decomposes it: log_softmax, then the mean negative
+  // log-likelihood. x, out (rows, cols); logp (n, c), targets (n) in [0, c) else throws ----
+  // out = x - max - log(sum(exp(x - max))) per row.
+  virtual void log_softmax_forward(DType dt, const void* x, void* out, i64 rows,
+                                   i64 cols) const = 0;
+  // grad_in = grad_out - exp(out) * sum(grad_out) per row.
+  virtual void log_softmax_backward(DType dt, const void* grad_out, const void* out, void* grad_in,
+                                    i64 rows, i64 cols) const = 0;
+  // loss (1 element, dt) = -mean over rows of logp[r, targets[r]].
+  virtual void nll_loss_forward(DType dt, const void* logp, const i64* targets, i64 n, i64 c,
+                                void* loss) const = 0;
+  // grad_logp = -grad_loss / n at each row's target, 0 elsewhere; grad_loss: 1 element, dt.
+  virtual void nll_loss_backward(DType dt, const void* grad_loss, const i64* targets,
+                                 void* grad_logp, i64 n, i64 c) const = 0;
 
   // ---- cross-entropy over a class shard (PyTorch's loss_parallel): logits (n, c) hold classes
   // [col_begin, col_begin + c) of rows of `vocab` classes; max, sumexp, picked (n) in acc. The

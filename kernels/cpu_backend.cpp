@@ -406,17 +406,28 @@ class CpuKernels final : public Kernels {
   }
 
   // ---- cross-entropy ----
-  void cross_entropy_forward(DType dt, const void* logits, const i64* targets, i64 n, i64 c,
-                             void* loss) const override {
-    floating("cross_entropy_forward", dt, [&](auto& io) {
-      ref::cross_entropy_forward(io.in(logits, n * c), targets, n, c, io.out(loss, 1));
+  void log_softmax_forward(DType dt, const void* x, void* out, i64 rows, i64 cols) const override {
+    floating("log_softmax_forward", dt, [&](auto& io) {
+      ref::log_softmax_forward(io.in(x, rows * cols), io.out(out, rows * cols), rows, cols);
     });
   }
-  void cross_entropy_backward(DType dt, const void* grad_loss, const void* logits,
-                              const i64* targets, void* grad_logits, i64 n, i64 c) const override {
-    floating("cross_entropy_backward", dt, [&](auto& io) {
-      ref::cross_entropy_backward(io.in(grad_loss, 1), io.in(logits, n * c), targets,
-                                  io.out(grad_logits, n * c), n, c);
+  void log_softmax_backward(DType dt, const void* grad_out, const void* out, void* grad_in,
+                            i64 rows, i64 cols) const override {
+    floating("log_softmax_backward", dt, [&](auto& io) {
+      const i64 n = rows * cols;
+      ref::log_softmax_backward(io.in(grad_out, n), io.in(out, n), io.out(grad_in, n), rows, cols);
+    });
+  }
+  void nll_loss_forward(DType dt, const void* logp, const i64* targets, i64 n, i64 c,
+                        void* loss) const override {
+    floating("nll_loss_forward", dt, [&](auto& io) {
+      ref::nll_loss_forward(io.in(logp, n * c), targets, n, c, io.out(loss, 1));
+    });
+  }
+  void nll_loss_backward(DType dt, const void* grad_loss, const i64* targets, void* grad_logp,
+                         i64 n, i64 c) const override {
+    floating("nll_loss_backward", dt, [&](auto& io) {
+      ref::nll_loss_backward(io.in(grad_loss, 1), targets, io.out(grad_logp, n * c), n, c);
     });
   }
   void ce_shard_max(DType dt, const void* logits, i64 n, i64 c, void* max) const override {

@@ -56,9 +56,10 @@ class MetaKernels final : public Kernels {
                          double, bool) const override {}
   void attention_backward(DType, const void*, const void*, const void*, const void*, const void*,
                           void*, void*, void*, i64, i64, i64, double) const override {}
-  void cross_entropy_forward(DType, const void*, const i64*, i64, i64, void*) const override {}
-  void cross_entropy_backward(DType, const void*, const void*, const i64*, void*, i64,
-                              i64) const override {}
+  void log_softmax_forward(DType, const void*, void*, i64, i64) const override {}
+  void log_softmax_backward(DType, const void*, const void*, void*, i64, i64) const override {}
+  void nll_loss_forward(DType, const void*, const i64*, i64, i64, void*) const override {}
+  void nll_loss_backward(DType, const void*, const i64*, void*, i64, i64) const override {}
   void ce_shard_max(DType, const void*, i64, i64, void*) const override {}
   void ce_shard_stats(DType, const void*, const i64*, const void*, i64, i64, i64, i64, void*,
                       void*) const override {}

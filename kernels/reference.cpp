@@ -485,26 +485,43 @@ void attention_backward(const T* grad_out, const T* q, const T* k, const T* v, c
 }
 
 template <typename T>
-void cross_entropy_forward(const T* logits, const i64* targets, i64 n, i64 c, T* loss) {
+void log_softmax_forward(const T* x, T* out, i64 rows, i64 cols) {
+  for (i64 r = 0; r < rows; ++r) {
+    const double lse = log_sum_exp(x + r * cols, cols);
+    for (i64 j = 0; j < cols; ++j) out[r * cols + j] = T(double(x[r * cols + j]) - lse);
+  }
+}
+
+// grad_in may alias grad_out.
+template <typename T>
+void log_softmax_backward(const T* grad_out, const T* out, T* grad_in, i64 rows, i64 cols) {
+  for (i64 r = 0; r < rows; ++r) {
+    double sum = 0;
+    for (i64 j = 0; j < cols; ++j) sum += grad_out[r * cols + j];
+    for (i64 j = 0; j < cols; ++j) {
+      const i64 k = r * cols + j;
+      grad_in[k] = T(double(grad_out[k]) - std::exp(double(out[k])) * sum);
+    }
+  }
+}
+
+template <typename T>
+void nll_loss_forward(const T* logp, const i64* targets, i64 n, i64 c, T* loss) {
   double sum = 0;
   for (i64 r = 0; r < n; ++r) {
-    check_target("cross_entropy_forward", targets[r], r, c);
-    sum += log_sum_exp(logits + r * c, c) - double(logits[r * c + targets[r]]);
+    check_target("nll_loss_forward", targets[r], r, c);
+    sum -= double(logp[r * c + targets[r]]);
   }
   *loss = T(sum / double(n));
 }
 
 template <typename T>
-void cross_entropy_backward(const T* grad_loss, const T* logits, const i64* targets, T* grad_logits,
-                            i64 n, i64 c) {
-  const double g = double(*grad_loss) / double(n);
+void nll_loss_backward(const T* grad_loss, const i64* targets, T* grad_logp, i64 n, i64 c) {
+  const T g = T(-double(*grad_loss) / double(n));
+  std::fill_n(grad_logp, n * c, T(0));
   for (i64 r = 0; r < n; ++r) {
-    check_target("cross_entropy_backward", targets[r], r, c);
-    const double lse = log_sum_exp(logits + r * c, c);
-    for (i64 j = 0; j < c; ++j) {
-      const double y = std::exp(double(logits[r * c + j]) - lse) - (j == targets[r] ? 1.0 : 0.0);
-      grad_logits[r * c + j] = T(g * y);
-    }
+    check_target("nll_loss_backward", targets[r], r, c);
+    grad_logp[r * c + targets[r]] = g;
   }
 }
 
@@ -715,8 +732,10 @@ void reduce(ReduceOp op, const T* const* srcs, int n_srcs, T* const* dsts, int n
                                      bool, Matmul<T>);                                             \
   template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*,    \
                                       T*, i64, i64, i64, double, Matmul<T>);                       \
-  template void cross_entropy_forward<T>(const T*, const i64*, i64, i64, T*);                      \
-  template void cross_entropy_backward<T>(const T*, const T*, const i64*, T*, i64, i64);           \
+  template void log_softmax_forward<T>(const T*, T*, i64, i64);                                    \
+  template void log_softmax_backward<T>(const T*, const T*, T*, i64, i64);                         \
+  template void nll_loss_forward<T>(const T*, const i64*, i64, i64, T*);                           \
+  template void nll_loss_backward<T>(const T*, const i64*, T*, i64, i64);                          \
   template void ce_shard_max<T>(const T*, i64, i64, T*);                                           \
   template void ce_shard_stats<T>(const T*, const i64*, const T*, i64, i64, i64, i64, T*, T*);     \
   template void ce_shard_loss<T>(const T*, const T*, const T*, i64, T*);                           \

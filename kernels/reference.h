@@ -94,10 +94,13 @@ void attention_backward(const T* grad_out, const T* q, const T* k, const T* v, c
                         T* grad_q, T* grad_k, T* grad_v, i64 bh, i64 t, i64 d, double scale,
                         Matmul<T> mm = matmul<T>);
 template <typename T>
-void cross_entropy_forward(const T* logits, const i64* targets, i64 n, i64 c, T* loss);
+void log_softmax_forward(const T* x, T* out, i64 rows, i64 cols);
 template <typename T>
-void cross_entropy_backward(const T* grad_loss, const T* logits, const i64* targets, T* grad_logits,
-                            i64 n, i64 c);
+void log_softmax_backward(const T* grad_out, const T* out, T* grad_in, i64 rows, i64 cols);
+template <typename T>
+void nll_loss_forward(const T* logp, const i64* targets, i64 n, i64 c, T* loss);
+template <typename T>
+void nll_loss_backward(const T* grad_loss, const i64* targets, T* grad_logp, i64 n, i64 c);
 template <typename T>
 void ce_shard_max(const T* logits, i64 n, i64 c, T* max);
 template <typename T>

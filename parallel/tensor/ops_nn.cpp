@@ -247,10 +247,38 @@ const OpDef kAttentionBackward{
                                             s[0] * s[1], s[2], s[3], a.f[0]);
     }};
 
-// ---- cross-entropy: (logits, targets) -> a scalar; backward (grad, logits, targets) ----
+// ---- cross-entropy as PyTorch decomposes it: _log_softmax (x) over the last dim, its backward
+// (grad, out); nll_loss_forward (logp, targets) -> a scalar, its backward (grad, logp, targets).
+// The log-probabilities are saved for backward, so a class-sharded input is gathered once. ----
 
-const OpDef kCrossEntropy{
-    "cross_entropy_loss",
+const OpDef kLogSoftmax{
+    "_log_softmax",
+    "default",
+    EventKind::Compute,
+    1,
+    same_as_input0,
+    rules::last_dim_whole,
+    [](std::span<const Tensor> in, const OpAttrs&, std::span<Tensor> out, const ShardInfo*) {
+      const auto [rows, cols] = rows_cols(in[0].shape());
+      kernels_of(out[0]).log_softmax_forward(out[0].dtype(), in[0].data_ptr(), out[0].data_ptr(),
+                                             rows, cols);
+    }};
+
+const OpDef kLogSoftmaxBackward{
+    "_log_softmax_backward_data",
+    "default",
+    EventKind::Compute,
+    1,
+    same_as_input0,
+    rules::last_dim_whole,
+    [](std::span<const Tensor> in, const OpAttrs&, std::span<Tensor> out, const ShardInfo*) {
+      const auto [rows, cols] = rows_cols(in[0].shape());
+      kernels_of(out[0]).log_softmax_backward(out[0].dtype(), in[0].data_ptr(), in[1].data_ptr(),
+                                              out[0].data_ptr(), rows, cols);
+    }};
+
+const OpDef kNllLoss{
+    "nll_loss_forward",
     "default",
     EventKind::Compute,
     1,
@@ -260,12 +288,12 @@ const OpDef kCrossEntropy{
     nullptr,
     [](std::span<const Tensor> in, const OpAttrs&, std::span<Tensor> out, const ShardInfo*) {
       const auto [rows, cols] = rows_cols(in[0].shape());
-      kernels_of(out[0]).cross_entropy_forward(out[0].dtype(), in[0].data_ptr(), index_data(in[1]),
-                                               rows, cols, out[0].data_ptr());
+      kernels_of(out[0]).nll_loss_forward(out[0].dtype(), in[0].data_ptr(), index_data(in[1]), rows,
+                                          cols, out[0].data_ptr());
     }};
 
-const OpDef kCrossEntropyBackward{
-    "cross_entropy_loss_backward",
+const OpDef kNllLossBackward{
+    "nll_loss_backward",
     "default",
     EventKind::Compute,
     1,
@@ -275,8 +303,8 @@ const OpDef kCrossEntropyBackward{
     nullptr,
     [](std::span<const Tensor> in, const OpAttrs&, std::span<Tensor> out, const ShardInfo*) {
       const auto [rows, cols] = rows_cols(in[1].shape());
-      kernels_of(out[0]).cross_entropy_backward(out[0].dtype(), in[0].data_ptr(), in[1].data_ptr(),
-                                                index_data(in[2]), out[0].data_ptr(), rows, cols);
+      kernels_of(out[0]).nll_loss_backward(out[0].dtype(), in[0].data_ptr(), index_data(in[2]),
+                                           out[0].data_ptr(), rows, cols);
     }};
 
 // ---- cross-entropy over a class shard: (logits) -> max; (logits, targets, max) -> (sumexp,
@@ -502,14 +530,20 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   COMMTRACE_CHECK(logits.dim() >= 2 && targets.numel() == n, ErrorCode::ShapeMismatch,
                   "cross_entropy: logits {} give {} rows, targets {} have {}", describe(logits), n,
                   describe(targets), targets.numel());
-  const Tensor in[] = {logits, targets};
-  Tensor out = dispatch1(kCrossEntropy, in);
-  const Tensor grad_of[] = {logits};
-  attach_grad(out, "CrossEntropyBackward", grad_of, [logits, targets](const Tensor& g) {
-    const Tensor gin[] = {g, logits, targets};
-    return std::vector<Tensor>{dispatch1(kCrossEntropyBackward, gin)};
+  const Tensor in[] = {logits};
+  Tensor logp = dispatch1(kLogSoftmax, in);
+  attach_grad(logp, "LogSoftmaxBackward", in, [out = logp.detach()](const Tensor& g) {
+    const Tensor gin[] = {g, out};
+    return std::vector<Tensor>{dispatch1(kLogSoftmaxBackward, gin)};
   });
-  return out;
+  const Tensor nll_in[] = {logp, targets};
+  Tensor loss = dispatch1(kNllLoss, nll_in);
+  const Tensor grad_of[] = {logp};
+  attach_grad(loss, "NllLossBackward", grad_of, [logp = logp.detach(), targets](const Tensor& g) {
+    const Tensor gin[] = {g, logp, targets};
+    return std::vector<Tensor>{dispatch1(kNllLossBackward, gin)};
+  });
+  return loss;
 }
 
 }  // namespace commtrace

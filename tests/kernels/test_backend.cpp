@@ -481,7 +481,7 @@ TEST_CASE("cpu attention matches the reference", "[backend][attention]") {
   }
 }
 
-TEST_CASE("cpu cross-entropy matches the reference", "[backend][cross_entropy]") {
+TEST_CASE("cpu log_softmax and nll_loss match the reference", "[backend][cross_entropy]") {
   for (DType dt : kFloating) {
     for (auto [n, c] : std::vector<std::pair<i64, i64>>{{1, 1}, {4, 5}, {7, 13}, {3, 40}}) {
       INFO(name(dt) << " n " << n << " c " << c);
@@ -491,13 +491,20 @@ TEST_CASE("cpu cross-entropy matches the reference", "[backend][cross_entropy]")
       const In logits(dt, random(n * c, 92, -3, 3)), grad_loss(dt, {1.5});
       Buf loss(dt, 1), grad(dt, n * c);
       std::vector<double> want(1), want_grad(static_cast<std::size_t>(n * c));
-      cpu().cross_entropy_forward(dt, logits.p(), targets.data(), n, c, loss.p());
-      ref::cross_entropy_forward<double>(logits.d(), targets.data(), n, c, want.data());
-      check_close("cross_entropy_forward", loss, want);
-      cpu().cross_entropy_backward(dt, grad_loss.p(), logits.p(), targets.data(), grad.p(), n, c);
-      ref::cross_entropy_backward<double>(grad_loss.d(), logits.d(), targets.data(),
-                                          want_grad.data(), n, c);
-      check_close("cross_entropy_backward", grad, want_grad);
+      // logits stand in for log-probabilities too: the kernels do not care.
+      cpu().log_softmax_forward(dt, logits.p(), grad.p(), n, c);
+      ref::log_softmax_forward<double>(logits.d(), want_grad.data(), n, c);
+      check_close("log_softmax_forward", grad, want_grad);
+      const In g(dt, random(n * c, 93));
+      cpu().log_softmax_backward(dt, g.p(), logits.p(), grad.p(), n, c);
+      ref::log_softmax_backward<double>(g.d(), logits.d(), want_grad.data(), n, c);
+      check_close("log_softmax_backward", grad, want_grad);
+      cpu().nll_loss_forward(dt, logits.p(), targets.data(), n, c, loss.p());
+      ref::nll_loss_forward<double>(logits.d(), targets.data(), n, c, want.data());
+      check_close("nll_loss_forward", loss, want);
+      cpu().nll_loss_backward(dt, grad_loss.p(), targets.data(), grad.p(), n, c);
+      ref::nll_loss_backward<double>(grad_loss.d(), targets.data(), want_grad.data(), n, c);
+      check_close("nll_loss_backward", grad, want_grad);
     }
   }
 }
@@ -734,8 +741,10 @@ TEST_CASE("the meta backend touches nothing and allocates nothing", "[backend][m
                       true);
   k.attention_backward(DType::F64, a.data(), a.data(), a.data(), a.data(), b.data(), c.data(),
                        c.data(), d.data(), 1, 8, 8, 0.5);
-  k.cross_entropy_forward(DType::F64, a.data(), idx.data(), 8, 8, c.data());
-  k.cross_entropy_backward(DType::F64, a.data(), b.data(), idx.data(), c.data(), 8, 8);
+  k.log_softmax_forward(DType::F64, a.data(), c.data(), 8, 8);
+  k.log_softmax_backward(DType::F64, a.data(), b.data(), c.data(), 8, 8);
+  k.nll_loss_forward(DType::F64, a.data(), idx.data(), 8, 8, c.data());
+  k.nll_loss_backward(DType::F64, a.data(), idx.data(), c.data(), 8, 8);
   k.permute(DType::F64, a.data(), s, perm, c.data());
   k.narrow(DType::F64, a.data(), s, 0, 1, 2, c.data());
   k.narrow_scatter(DType::F64, a.data(), {2, 8}, 0, 1, c.data(), s);
@@ -789,15 +798,13 @@ TEST_CASE("kernel errors name the kernel", "[backend][errors]") {
       const In logits(dt, random(2 * 3, 143)), one(dt, {1.0});
       Buf loss(dt, 1), grad(dt, 6);
       const std::vector<i64> targets = {0, 3};
-      Error e = error_of(
-          [&] { cpu().cross_entropy_forward(dt, logits.p(), targets.data(), 2, 3, loss.p()); });
+      Error e =
+          error_of([&] { cpu().nll_loss_forward(dt, logits.p(), targets.data(), 2, 3, loss.p()); });
       REQUIRE(e.code() == ErrorCode::InvalidArgument);
-      REQUIRE(contains(e.what(), "cross_entropy_forward: target 3 at position 1"));
-      e = error_of([&] {
-        cpu().cross_entropy_backward(dt, one.p(), logits.p(), targets.data(), grad.p(), 2, 3);
-      });
+      REQUIRE(contains(e.what(), "nll_loss_forward: target 3 at position 1"));
+      e = error_of([&] { cpu().nll_loss_backward(dt, one.p(), targets.data(), grad.p(), 2, 3); });
       REQUIRE(e.code() == ErrorCode::InvalidArgument);
-      REQUIRE(contains(e.what(), "cross_entropy_backward"));
+      REQUIRE(contains(e.what(), "nll_loss_backward"));
     }
   }
   SECTION("unsupported dtypes") {
