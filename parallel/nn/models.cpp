@@ -166,41 +166,38 @@ ModelEntry dense_entry(
   return e;
 }
 
-// Transformer(args) on tokens (batch, seq_len).
-void set_transformer(ModelEntry& t, const ModelArgs& a, std::int64_t batch, std::int64_t seq) {
-  t.input = fmt::format("i64 tokens ({}, {})", batch, seq);
-  t.build = [a](std::uint64_t seed, const ModuleOptions& o) {
-    Generator gen(seed);
-    return std::make_shared<Transformer>(a, gen, o);
-  };
-  t.batch = [a, batch, seq](std::uint64_t seed, const ModuleOptions& o, std::int64_t scale) {
-    Generator gen(seed ^ 0x5eedba7c4ull);
-    Batch b;
-    b.input = randint({batch * scale, seq}, 0, a.vocab_size, gen, o.device);
-    b.target = randint({batch * scale, seq}, 0, a.vocab_size, gen, o.device);
-    return b;
-  };
-  t.loss = [](const Tensor& out, const Batch& b) { return cross_entropy(out, b.target); };
-  t.cross_entropy_loss = true;
-}
-
-// Decoder(args) on tokens (batch, seq_len).
-void set_decoder(ModelEntry& e, const DecoderArgs& a, std::int64_t batch, std::int64_t seq) {
-  a.check();
+// A language model on random tokens (batch, seq_len) of `vocab` classes, trained with
+// cross-entropy against random targets.
+void set_token_model(
+    ModelEntry& e, std::int64_t vocab, std::int64_t batch, std::int64_t seq,
+    std::function<std::shared_ptr<Module>(Generator&, const ModuleOptions&)> make) {
   e.input = fmt::format("i64 tokens ({}, {})", batch, seq);
-  e.build = [a](std::uint64_t seed, const ModuleOptions& o) {
+  e.build = [make = std::move(make)](std::uint64_t seed, const ModuleOptions& o) {
     Generator gen(seed);
-    return std::make_shared<Decoder>(a, gen, o);
+    return make(gen, o);
   };
-  e.batch = [a, batch, seq](std::uint64_t seed, const ModuleOptions& o, std::int64_t scale) {
+  e.batch = [vocab, batch, seq](std::uint64_t seed, const ModuleOptions& o, std::int64_t scale) {
     Generator gen(seed ^ 0x5eedba7c4ull);
     Batch b;
-    b.input = randint({batch * scale, seq}, 0, a.vocab_size, gen, o.device);
-    b.target = randint({batch * scale, seq}, 0, a.vocab_size, gen, o.device);
+    b.input = randint({batch * scale, seq}, 0, vocab, gen, o.device);
+    b.target = randint({batch * scale, seq}, 0, vocab, gen, o.device);
     return b;
   };
   e.loss = [](const Tensor& out, const Batch& b) { return cross_entropy(out, b.target); };
   e.cross_entropy_loss = true;
+}
+
+void set_transformer(ModelEntry& t, const ModelArgs& a, std::int64_t batch, std::int64_t seq) {
+  set_token_model(t, a.vocab_size, batch, seq, [a](Generator& gen, const ModuleOptions& o) {
+    return std::make_shared<Transformer>(a, gen, o);
+  });
+}
+
+void set_decoder(ModelEntry& e, const DecoderArgs& a, std::int64_t batch, std::int64_t seq) {
+  a.check();
+  set_token_model(e, a.vocab_size, batch, seq, [a](Generator& gen, const ModuleOptions& o) {
+    return std::make_shared<Decoder>(a, gen, o);
+  });
 }
 
 std::string decoder_description(const DecoderArgs& a) {

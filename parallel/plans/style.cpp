@@ -414,6 +414,21 @@ std::vector<std::string> builtin_plan_names(const std::string& model) {
 
 namespace {
 
+std::shared_ptr<ColwiseParallel> colwise(Placement in, Placement out, bool local) {
+  auto s = std::make_shared<ColwiseParallel>();
+  s->input_layout = in;
+  s->output_layout = out;
+  s->use_local_output = local;
+  return s;
+}
+
+std::shared_ptr<RowwiseParallel> rowwise(Placement in, Placement out) {
+  auto s = std::make_shared<RowwiseParallel>();
+  s->input_layout = in;
+  s->output_layout = out;
+  return s;
+}
+
 // torchtitan's Llama plan (parallelize_llama's apply_tp): "tp" without sequence parallelism;
 // "sp" and "torchtitan" with it (torchtitan always shards the sequence); "torchtitan" leaves the
 // logits vocab-sharded for loss parallel. Works on separate or fused QKV, SwiGLU or GELU,
@@ -436,19 +451,6 @@ Plan decoder_plan(const std::string& name) {
   auto add = [&](std::string pattern, std::shared_ptr<ParallelStyle> style, bool optional) {
     if (optional) p.optional.push_back(pattern);
     p.styles.emplace_back(std::move(pattern), std::move(style));
-  };
-  auto colwise = [](Placement in, Placement out, bool local) {
-    auto s = std::make_shared<ColwiseParallel>();
-    s->input_layout = in;
-    s->output_layout = out;
-    s->use_local_output = local;
-    return s;
-  };
-  auto rowwise = [](Placement in, Placement out) {
-    auto s = std::make_shared<RowwiseParallel>();
-    s->input_layout = in;
-    s->output_layout = out;
-    return s;
   };
   auto prepare = [&]() {
     auto s = std::make_shared<PrepareModuleInput>();
@@ -495,19 +497,6 @@ Plan builtin_plan(const std::string& model, const std::string& name) {
   auto S = [](int d) { return Placement::shard(d); };
   Plan p;
   p.name = model + " " + name;
-  auto colwise = [](Placement in, Placement out, bool local) {
-    auto s = std::make_shared<ColwiseParallel>();
-    s->input_layout = in;
-    s->output_layout = out;
-    s->use_local_output = local;
-    return s;
-  };
-  auto rowwise = [](Placement in, Placement out) {
-    auto s = std::make_shared<RowwiseParallel>();
-    s->input_layout = in;
-    s->output_layout = out;
-    return s;
-  };
   if (model == "decoder") {
     const auto names = builtin_plan_names(model);
     if (std::find(names.begin(), names.end(), name) != names.end()) return decoder_plan(name);
