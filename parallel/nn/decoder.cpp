@@ -110,8 +110,8 @@ Tensor DecoderAttention::forward(const Tensor& x) {
   auto whole = [&](const Tensor& y, std::int64_t unit, const char* what) {
     COMMTRACE_CHECK(y.size(-1) % unit == 0, ErrorCode::InvalidArgument,
                     "{}: the {} projection holds {} features on this rank, not whole kv groups "
-                    "of {}: n_kv_heads ({}) must be divisible by the tensor-parallel degree "
-                    "(fewer kv heads than ranks is not supported)",
+                    "of {}: n_kv_heads ({}) must be divisible by the tensor-parallel degree; "
+                    "fewer kv heads than ranks is not supported either",
                     fqn(), what, y.size(-1), unit, n_kv_heads_);
     return y;
   };
