@@ -160,22 +160,19 @@ CountTree collective_counts_per_iteration(const Trace& t) {
   std::uint64_t covered = 0;
   for (const Block& b : blocks) covered += b.repeat;
   if (covered == std::uint64_t(iters) && !blocks.empty()) {
-    CountTree first = count_blocks(t, &blocks.front());
-    const auto first_key = canonical(first);
-    for (std::size_t i = 1; i < blocks.size(); ++i) {
-      CountTree c = count_blocks(t, &blocks[i]);
-      if (canonical(c) == first_key) continue;
-      // Iterations differ (DDP buckets its first iteration differently): the last one's counts,
-      // the steady state.
-      CountTree last = count_blocks(t, &blocks.back());
-      last.steady_from = int(blocks.back().iteration);
-      for (std::size_t j = blocks.size() - 1; j > 0; --j) {  // earlier blocks that match it
-        if (canonical(count_blocks(t, &blocks[j - 1])) != canonical(last)) break;
-        last.steady_from = int(blocks[j - 1].iteration);
-      }
-      return last;
+    std::vector<CountTree> trees;
+    std::vector<decltype(canonical(CountTree{}))> keys;
+    for (const Block& b : blocks) {
+      trees.push_back(count_blocks(t, &b));
+      keys.push_back(canonical(trees.back()));
     }
-    return first;
+    // The trailing run of blocks alike: every block when all iterations are alike, else the
+    // steady state after the ones that differ (DDP buckets its first iteration differently).
+    std::size_t k = blocks.size() - 1;
+    while (k > 0 && keys[k - 1] == keys.back()) --k;
+    CountTree out = std::move(trees[k]);
+    out.steady_from = k == 0 ? 0 : int(blocks[k].iteration);
+    return out;
   }
   CountTree tree = collective_counts(t);
   for (ModuleCounts& m : tree.modules) {

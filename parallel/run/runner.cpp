@@ -61,7 +61,7 @@ RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg) {
   s.entry = &resolve_model(cfg.model);
   s.plan = resolve_plan(s.entry->family, cfg.plan);
   s.model = s.entry->build(cfg.seed, cfg.module);
-  s.ddp_bucket_mb = cfg.ddp_bucket_mb;
+  s.ddp.cap_mb = cfg.ddp_bucket_mb;
   parallelize_module(*s.model, s.tp, s.plan);
 
   const int dp = dp_size(s), tp = s.tp->size(0);
@@ -222,7 +222,7 @@ void sync_data_parallel_grads(RankState& s) {
   for (auto& [name, p] : s.model->named_parameters()) {
     if (p.grad().defined()) params.emplace_back(name, p);
   }
-  if (s.ddp_bucket_mb < 0) {  // one all_reduce per gradient, in parameter order
+  if (s.ddp.cap_mb < 0) {  // one all_reduce per gradient, in parameter order
     for (const auto& [name, p] : params) {
       Tensor g = p.grad();
       Tensor local = is_dtensor(g) ? dist_of(g).local : g;
@@ -248,13 +248,11 @@ void sync_data_parallel_grads(RankState& s) {
     for (const auto& [name, p] : params) all.push_back(p.impl());
     buckets = assign_buckets(
         all, {std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::max()});
-    std::vector<const TensorImpl*> ready;
+    std::vector<const TensorImpl*> ready;  // one backward listed each leaf once
     for (const TensorImpl* p : s.ddp.ready) {
-      if (by_impl.count(p) && std::find(ready.begin(), ready.end(), p) == ready.end()) {
-        ready.push_back(p);
-      }
+      if (by_impl.count(p)) ready.push_back(p);
     }
-    s.ddp.buckets = assign_buckets(ready, bucket_caps(s.ddp_bucket_mb));
+    s.ddp.buckets = assign_buckets(ready, bucket_caps(s.ddp.cap_mb));
     s.ddp.rebuilt = true;
   } else {
     buckets = s.ddp.buckets;
@@ -301,7 +299,7 @@ void coalesce_partial_grads(RankState& s) {
 Tensor train_step(RankState& s, Optimizer& opt) {
   opt.zero_grad();
   StepOut step = forward_loss(s);
-  if (s.dp && !s.ddp.rebuilt) {  // DDP learns the gradient-ready order in its first iteration
+  if (s.dp && s.ddp.cap_mb >= 0 && !s.ddp.rebuilt) {  // DDP learns the ready order once
     const GradReadyRecorder ready(s.ddp.ready);
     step.loss.backward();
   } else {

@@ -39,6 +39,7 @@ std::vector<int> mesh_shape(const ParallelConfig& cfg);
 // which gradients become ready; from the second on, buckets follow that order, each closed once
 // it reaches its cap (the first bucket's cap, then the others').
 struct DdpBuckets {
+  double cap_mb = 0;  // ParallelConfig::ddp_bucket_mb
   bool rebuilt = false;
   std::vector<const TensorImpl*> ready;  // parameters in gradient-ready order
   std::vector<std::vector<const TensorImpl*>> buckets;
@@ -52,7 +53,6 @@ struct RankState {
   Plan plan;
   std::shared_ptr<Module> model;
   Batch batch;  // this rank's slice; batch.input requires grad when asked (floating inputs)
-  double ddp_bucket_mb = 0;  // ParallelConfig::ddp_bucket_mb
   DdpBuckets ddp;
 };
 
