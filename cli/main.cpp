@@ -124,6 +124,7 @@ struct ParallelArgs {
   std::string device = "cpu";
   std::string dtype = "f32";
   std::string ddp_buckets = "default";
+  bool no_reshard = false;
   CLI::Option* world_opt = nullptr;
   Processes procs;  // this process among the launch's (after resolve)
 
@@ -163,6 +164,14 @@ struct ParallelArgs {
           }
           return {};
         });
+    c->add_option("--data-parallel", cfg.data_parallel,
+                  "The dp dim of a 2-D mesh: ddp (gradient buckets) or fsdp (FSDP2's fully_shard "
+                  "on every layers.<i> block and the root)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"ddp", "fsdp"}));
+    c->add_flag("--no-reshard-after-forward", no_reshard,
+                "fsdp: keep the gathered parameters from forward to backward (no second "
+                "all_gather)");
   }
   // REQUIRES: cfg.backend set. Starts MPI for the mpi backend.
   void resolve() {
@@ -170,6 +179,7 @@ struct ParallelArgs {
     cfg.ddp_bucket_mb = ddp_buckets == "default" ? 0.0
                         : ddp_buckets == "none"  ? -1.0
                                                  : std::strtod(ddp_buckets.c_str(), nullptr);
+    cfg.reshard_after_forward = !no_reshard;
     cfg.module.dtype = parse_dtype(dtype);
     cfg.module.device = parse_device(device);
     const int launched = mpi_launched_processes();

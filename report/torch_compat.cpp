@@ -6,6 +6,7 @@
 #include "report/torch_compat.h"
 
 #include <array>
+#include <cctype>
 #include <cstdint>
 #include <set>
 #include <utility>
@@ -247,6 +248,7 @@ class DumpReader {
     t.metadata["source"] = rd_.source();
     nodes_.push_back(Node{});
     read_node(root, top, 0, t);
+    strip_fsdp_class_prefix(t);
     subtract_children(t);
     emit_records(t);
     return t;
@@ -338,6 +340,19 @@ class DumpReader {
       t.modules[std::size_t(m)].children.push_back(id);
       nodes_.push_back(Node{});
       read_node(c, child_path, id, t);
+    }
+  }
+
+  // FSDP2's fully_shard renames a module's class X to FSDPX, and the root's class starts every
+  // FQN ("FSDPTransformer.layers.0"): read as X, so the dump compares with an unsharded run's.
+  static void strip_fsdp_class_prefix(Trace& t) {
+    for (ModuleNode& m : t.modules) {
+      const std::string& f = m.fqn;
+      if (m.depth >= 1 && f.size() > 4 && f.compare(0, 4, "FSDP") == 0 &&
+          std::isupper(static_cast<unsigned char>(f[4]))) {
+        m.fqn = f.substr(4);
+        t.metadata["fsdp"] = "class names read without FSDP2's FSDP prefix";
+      }
     }
   }
 

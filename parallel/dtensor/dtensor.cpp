@@ -207,6 +207,12 @@ Tensor redistribute_local(const Tensor& local, const Shape& global, const Device
     if (s == t) continue;
     Placements next = pl;
     next[std::size_t(d)] = t;
+    // One rank on this dim: every placement holds the whole tensor, and no collective runs
+    // (PyTorch's redistribute takes the same shortcut).
+    if (mesh.size(d) == 1) {
+      pl = next;
+      continue;
+    }
     const CollectiveScope scope(
         CollectiveContext{reason, pl, next, &mesh.info(), mesh.uid(), global});
     Communicator& comm = mesh.comm(d);

@@ -55,7 +55,10 @@ class Module {
   // Resolves "layers.0.attention" relative to this module; null when absent.
   Module* find(const std::string& path);
 
-  void add_pre_hook(PreHook h) { pre_hooks_.push_back(std::move(h)); }
+  // `prepend`: runs before the hooks added so far (FSDP's unshard precedes the plan's hooks).
+  void add_pre_hook(PreHook h, bool prepend = false) {
+    pre_hooks_.insert(prepend ? pre_hooks_.begin() : pre_hooks_.end(), std::move(h));
+  }
   void add_post_hook(PostHook h) { post_hooks_.push_back(std::move(h)); }
   void clear_hooks();
 

@@ -58,7 +58,7 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
       cfg.world_size,
       [&](RankContext& ctx) {
         RankState s = setup_rank(ctx, cfg);
-        AdamW opt(s.model->parameters(), 1e-3);
+        AdamW opt(optimizer_parameters(s), 1e-3);
         const bool traces = o.trace_all_ranks || ctx.rank() == 0;
         train_step(s, opt);  // warm-up: first-step state and allocations
         for (int round = 0; round < o.rounds; ++round) {

@@ -28,6 +28,12 @@ std::vector<int> mesh_shape(const ParallelConfig& cfg) {
   COMMTRACE_CHECK(n == cfg.world_size, ErrorCode::InvalidArgument,
                   "mesh {} has {} ranks but the world size is {}", fmt::join(shape, "x"), n,
                   cfg.world_size);
+  COMMTRACE_CHECK(cfg.data_parallel == "ddp" || cfg.data_parallel == "fsdp",
+                  ErrorCode::InvalidArgument, "data parallel '{}': ddp or fsdp", cfg.data_parallel);
+  COMMTRACE_CHECK(cfg.data_parallel != "fsdp" || shape.size() == 2, ErrorCode::InvalidArgument,
+                  "fsdp shards over the dp dim of a 2-D mesh: pass --mesh DPxTP (e.g. {}x1 for "
+                  "FSDP alone)",
+                  cfg.world_size);
   return shape;
 }
 
@@ -63,6 +69,14 @@ RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg) {
   s.model = s.entry->build(cfg.seed, cfg.module);
   s.ddp.cap_mb = cfg.ddp_bucket_mb;
   parallelize_module(*s.model, s.tp, s.plan);
+  if (s.dp && cfg.data_parallel == "fsdp") {
+    COMMTRACE_CHECK(!s.plan.coalesce_partial_grads, ErrorCode::Unsupported,
+                    "plan '{}': coalesce_partial_grads all-reduces whole gradients after "
+                    "backward, and FSDP has reduce-scattered them by then; use ddp on dp",
+                    s.plan.name);
+    s.fsdp =
+        std::make_shared<FullyShard>(*s.model, s.mesh, 0, FsdpOptions{cfg.reshard_after_forward});
+  }
 
   const int dp = dp_size(s), tp = s.tp->size(0);
   Batch full = s.entry->batch(cfg.seed, cfg.module, global_rows_scale(s.plan, dp, tp));
@@ -296,17 +310,33 @@ void coalesce_partial_grads(RankState& s) {
   });
 }
 
+void finish_backward(RankState& s) {
+  coalesce_partial_grads(s);
+  if (s.fsdp) {
+    s.fsdp->finish_backward();
+  } else {
+    sync_data_parallel_grads(s);
+  }
+}
+
+std::vector<Tensor> optimizer_parameters(const RankState& s) {
+  return s.fsdp ? s.fsdp->sharded_parameters() : s.model->parameters();
+}
+
+Tensor parameter_grad(const RankState& s, const std::string& name, const Tensor& param) {
+  return s.fsdp ? s.fsdp->unsharded_grad(name) : param.grad();
+}
+
 Tensor train_step(RankState& s, Optimizer& opt) {
   opt.zero_grad();
   StepOut step = forward_loss(s);
-  if (s.dp && s.ddp.cap_mb >= 0 && !s.ddp.rebuilt) {  // DDP learns the ready order once
+  if (s.dp && !s.fsdp && s.ddp.cap_mb >= 0 && !s.ddp.rebuilt) {  // DDP learns the ready order
     const GradReadyRecorder ready(s.ddp.ready);
     step.loss.backward();
   } else {
     step.loss.backward();
   }
-  coalesce_partial_grads(s);
-  sync_data_parallel_grads(s);
+  finish_backward(s);
   opt.step();
   return step.loss;
 }
@@ -355,7 +385,7 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
       cfg.world_size,
       [&](RankContext& ctx) {
         RankState s = setup_rank(ctx, cfg);
-        AdamW opt(s.model->parameters(), opts.lr);
+        AdamW opt(optimizer_parameters(s), opts.lr);
         const auto slot = std::find(traced.begin(), traced.end(), ctx.rank());
         Tracer tr(ctx.rank());
         std::vector<double> mine;
@@ -384,6 +414,11 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
                       {"iterations", std::to_string(opts.iters)},
                       {"seed", std::to_string(cfg.seed)},
                       {"input_requires_grad", cfg.input_requires_grad ? "true" : "false"}};
+        if (s.dp) {
+          t.metadata["data_parallel"] =
+              s.fsdp ? (cfg.reshard_after_forward ? "fsdp" : "fsdp (no reshard after forward)")
+                     : "ddp";
+        }
         std::lock_guard<std::mutex> lock(mu);
         traces[std::size_t(slot - traced.begin())] = std::move(t);
         if (ctx.rank() == 0) rank0_losses = mine;
@@ -480,11 +515,11 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
         RankState s = setup_rank(ctx, cfg);
         StepOut step = forward_loss(s);
         step.loss.backward();
-        sync_data_parallel_grads(s);
+        finish_backward(s);
         Values mine;
         mine["output"] = gather_full(s, step.output, true).to_vector();
         for (const auto& [name, p] : s.model->named_parameters()) {
-          const Tensor g = p.grad();
+          const Tensor g = parameter_grad(s, name, p);
           mine[name + ".grad"] = g.defined() ? gather_full(s, g, false).to_vector()
                                              : std::vector<double>(std::size_t(p.numel()), 0.0);
         }

@@ -12,6 +12,7 @@
 
 #include "parallel/comm/launch.h"
 #include "parallel/nn/models.h"
+#include "parallel/plans/fsdp.h"
 #include "parallel/plans/style.h"
 
 namespace commtrace {
@@ -29,9 +30,13 @@ struct ParallelConfig {
   // DDP's bucket cap in MiB (bucket_cap_mb); 0: PyTorch's default, a first bucket of 1 MiB and
   // then 25 MiB. Negative: one all_reduce per gradient (no buckets).
   double ddp_bucket_mb = 0;
+  // The dp dim of a 2-D mesh: "ddp" (replicas, gradients all-reduced in buckets) or "fsdp"
+  // (FSDP2's fully_shard per block and on the root; parallel/plans/fsdp.h).
+  std::string data_parallel = "ddp";
+  bool reshard_after_forward = true;  // fsdp: free after forward, all-gather again for backward
 };
 
-// The mesh shape of a config, checked against the world size.
+// The mesh shape of a config, checked against the world size (and a 2-D one for fsdp).
 std::vector<int> mesh_shape(const ParallelConfig& cfg);
 
 // DDP's gradient buckets, as torch.nn.parallel.DistributedDataParallel forms them: the first
@@ -54,7 +59,15 @@ struct RankState {
   std::shared_ptr<Module> model;
   Batch batch;  // this rank's slice; batch.input requires grad when asked (floating inputs)
   DdpBuckets ddp;
+  std::shared_ptr<FullyShard> fsdp;  // set with data_parallel "fsdp"
 };
+
+// What the optimizer steps: the parameters, or FSDP's sharded chunks of them.
+std::vector<Tensor> optimizer_parameters(const RankState& s);
+
+// A parameter's gradient after finish_backward(), whole over "dp" (FSDP's chunks gathered, an
+// untraced all_gather): a DTensor on the plan's mesh when the parameter is one.
+Tensor parameter_grad(const RankState& s, const std::string& name, const Tensor& param);
 
 // Builds the model from cfg.seed (identical on every rank), parallelizes it and slices the
 // global batch: over "dp" along dim 0, then over "tp" when the plan's input is Shard(0).
@@ -74,8 +87,13 @@ void sync_data_parallel_grads(RankState& s);
 // mesh in one call, left Replicate (recorded in the backward phase).
 void coalesce_partial_grads(RankState& s);
 
+// After loss.backward(): the plan's coalesced gradients, then DDP's all_reduces or FSDP's
+// outstanding reduce_scatters.
+void finish_backward(RankState& s);
+
 class Optimizer;
-// One training iteration: zero_grad, forward and loss, backward, DDP, the optimizer step.
+// One training iteration: zero_grad, forward and loss, backward, finish_backward, the optimizer
+// step.
 // Returns the loss (this rank's view).
 Tensor train_step(RankState& s, Optimizer& opt);
 

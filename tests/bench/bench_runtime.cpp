@@ -138,7 +138,7 @@ void BM_TransformerStepParallel(benchmark::State& state) {
         cfg.world_size,
         [&](RankContext& ctx) {
           RankState s = setup_rank(ctx, cfg);
-          AdamW opt(s.model->parameters(), 1e-3);
+          AdamW opt(optimizer_parameters(s), 1e-3);
           Tracer tr(ctx.rank());
           std::optional<TracerActivation> on;
           if (traced) on.emplace(tr);

@@ -42,6 +42,7 @@ while read -r model plan world grad depth; do
     echo "FAIL $name"; echo "$out"; fails=$((fails + 1))
   fi
 done <<'CASES'
+toy tp 1 - -1
 toy tp 4 - -1
 toy sp 4 - -1
 toy tp 4 grad -1
@@ -51,6 +52,7 @@ mlp sp 4 - -1
 mlp-stacked tp 4 - -1
 transformer tp 4 - -1
 transformer sp 4 - 3
+decoder:llama-tiny torchtitan 1 - -1
 decoder:llama-tiny tp 2 - -1
 decoder:llama-tiny sp 2 - 3
 decoder:llama-tiny torchtitan 2 - 3
@@ -104,5 +106,36 @@ llama-tiny default
 llama-tiny 0.01
 gpt-tiny 0.02
 DDP
+# FSDP2 on dp x the plan on tp (fully_shard on every block and the root): per-phase counts.
+# Depth 1 (the root's totals per phase): below it the only difference is the root's
+# reduce_scatter (FSDP2's final backward callback), which PyTorch's module tracker files under
+# tok_embeddings, the last module it entered, and commtrace under the root it reduces.
+while read -r file plan mesh raf depth; do
+  [[ -z "$file" ]] && continue
+  name="fsdp-$file-$plan-$mesh-$raf"
+  dp="${mesh%x*}"; tp="${mesh#*x}"; world=$((dp * tp))
+  flag=(); [[ "$raf" == keep ]] && flag=(--no-reshard-after-forward)
+  model="$here/../../samples/models/$file.json"
+  if ! "$py" "$here/torch_oracle.py" --model decoder --model-file "$model" --plan "$plan" \
+      --world-size "$world" --mesh "$mesh" --data-parallel fsdp "${flag[@]}" --no-optimizer \
+      --noise-level 0 --out-json "$work/$name.torch.json" >"$work/$name.log" 2>&1; then
+    echo "FAIL $name: the PyTorch oracle failed"; cat "$work/$name.log"; fails=$((fails + 1)); continue
+  fi
+  "$ct" run --model "$model" --plan "$plan" --world-size "$world" --mesh "$mesh" \
+    --data-parallel fsdp "${flag[@]}" --json "$work/$name.ours.json" >/dev/null ||
+    { echo "FAIL $name: commtrace run failed"; fails=$((fails + 1)); continue; }
+  if out="$("$ct" diff --depth "$depth" "$work/$name.torch.json" "$work/$name.ours.json")"; then
+    echo "ok   $name (diff depth $depth)"
+  else
+    echo "FAIL $name"; echo "$out"; fails=$((fails + 1))
+  fi
+done <<'FSDP'
+llama-tiny tp 2x2 reshard 1
+llama-tiny torchtitan 2x2 reshard 1
+llama-tiny sp 2x2 keep 1
+gpt-tiny torchtitan 2x2 reshard 1
+llama-tiny tp 4x1 reshard 1
+llama-tiny-megatron megatron 2x2 reshard 1
+FSDP
 echo "oracle: $fails failed"
 [[ $fails -eq 0 ]]

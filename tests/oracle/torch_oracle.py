@@ -20,6 +20,8 @@ Models and plans follow commtrace DESIGN.md section 4 and PyTorch's definitions
 (ToyModel from pytorch/examples tensor_parallelism; MLPModule, MLPStacked, Transformer from
 torch.testing._internal.distributed._tensor.common_dtensor; the Transformer is parallelized
 with Transformer.parallelize, exactly as PyTorch's test_tp_examples.py does).
+With --mesh DPxTP --data-parallel fsdp (decoder models) the plan applies on the "tp" sub-mesh
+and FSDP2's fully_shard wraps every layers.<i> block and the root over "dp".
 This is a measuring tool, not part of the C++ build. Needs torch (see README.md).
 """
 
@@ -186,6 +188,10 @@ def main(argv=None):
                    "decoder), run with cross-entropy as commtrace runs it")
     p.add_argument("--plan", required=True, choices=["tp", "sp", "torchtitan", "megatron"])
     p.add_argument("--world-size", type=int, required=True)
+    p.add_argument("--mesh", help="DPxTP: the plan on tp, --data-parallel on dp (decoder only)")
+    p.add_argument("--data-parallel", choices=["fsdp"], help="with --mesh: FSDP2's fully_shard "
+                   "on every layers.<i> block and on the root, over dp")
+    p.add_argument("--no-reshard-after-forward", action="store_true")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--input-requires-grad", action="store_true")
     p.add_argument("--iters", type=int, default=1)
@@ -201,13 +207,28 @@ def main(argv=None):
     dist.init_process_group(backend="fake", rank=a.rank, world_size=a.world_size,
                             store=FakeStore())
     try:
-        mesh = DeviceMesh("cpu", list(range(a.world_size)))
+        if a.mesh:
+            dp, tp = (int(x) for x in a.mesh.split("x"))
+            if dp * tp != a.world_size or a.model != "decoder" or not a.data_parallel:
+                raise SystemExit("--mesh DPxTP needs dp*tp == --world-size, --model decoder "
+                                 "and --data-parallel")
+            from torch.distributed.device_mesh import init_device_mesh
+            mesh2 = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+            mesh = mesh2["tp"]
+        else:
+            mesh = DeviceMesh("cpu", list(range(a.world_size)))
         loss_fn, context = (lambda out: out.sum()), contextlib.nullcontext
         if a.model == "decoder":
             if not a.model_file:
                 raise SystemExit("--model decoder needs --model-file")
             import torch_decoder
             model, inp, loss_fn, context = torch_decoder.build(a.model_file, a.plan, mesh)
+            if a.data_parallel == "fsdp":
+                from torch.distributed.fsdp import fully_shard
+                raf = not a.no_reshard_after_forward
+                for block in model.layers:
+                    fully_shard(block, mesh=mesh2["dp"], reshard_after_forward=raf)
+                fully_shard(model, mesh=mesh2["dp"], reshard_after_forward=raf)
         else:
             model, inp = build(a.model, a.plan, mesh, a.input_requires_grad)
         opt = None if a.no_optimizer else torch.optim.AdamW(
