@@ -97,6 +97,7 @@ DecoderAttention::DecoderAttention(const DecoderArgs& a, std::shared_ptr<RopeCac
     wq = register_module("wq", linear_of(a.dim, q_out, a, gen, o));
     wk = register_module("wk", linear_of(a.dim, kv_out, a, gen, o));
     wv = register_module("wv", linear_of(a.dim, kv_out, a, gen, o));
+    wk->heads = wv->heads = a.kv_heads();  // duplicated onto ranks when fewer than the TP degree
   }
   wo = register_module("wo", linear_of(q_out, a.dim, a, gen, o));
 }
@@ -105,14 +106,17 @@ Tensor DecoderAttention::forward(const Tensor& x) {
   COMMTRACE_CHECK(x.dim() == 3, ErrorCode::ShapeMismatch, "{}: expected input (B, T, C), got {}",
                   fqn(), describe(x));
   const std::int64_t b = x.size(0), t = x.size(1);
-  // Heads are -1 everywhere: a column-sharded projection holds its share of them, which must be
-  // whole kv groups.
+  // Heads are -1 everywhere: a column-sharded projection holds its share of them: whole kv
+  // groups, or with fewer kv heads than ranks (separate wk/wv duplicate them) part of one group.
   auto whole = [&](const Tensor& y, std::int64_t unit, const char* what) {
+    const bool query = std::string_view(what) == "query";
     COMMTRACE_CHECK(y.size(-1) % unit == 0, ErrorCode::InvalidArgument,
-                    "{}: the {} projection holds {} features on this rank, not whole kv groups "
-                    "of {}: n_kv_heads ({}) must be divisible by the tensor-parallel degree; "
-                    "fewer kv heads than ranks is not supported either",
-                    fqn(), what, y.size(-1), unit, n_kv_heads_);
+                    "{}: the {} projection holds {} features on this rank, not whole {} of {}: "
+                    "{} must be divisible by the tensor-parallel degree{}",
+                    fqn(), what, y.size(-1), query ? "heads" : "kv groups", unit,
+                    query ? fmt::format("n_heads ({})", n_rep_ * n_kv_heads_)
+                          : fmt::format("n_kv_heads ({})", n_kv_heads_),
+                    query || !wqkv ? "" : " (separate wq/wk/wv also take a divisor of it)");
     return y;
   };
   Tensor q, k, v;
@@ -125,11 +129,14 @@ Tensor DecoderAttention::forward(const Tensor& x) {
     k = view(narrow(qkv, 3, n_rep_, 1), {b, t, groups, head_dim_});
     v = view(narrow(qkv, 3, n_rep_ + 1, 1), {b, t, groups, head_dim_});
   } else {
-    q = view(whole((*wq)(x), n_rep_ * head_dim_, "query"), {b, t, -1, head_dim_});
+    q = view(whole((*wq)(x), head_dim_, "query"), {b, t, -1, head_dim_});
     k = view(whole((*wk)(x), head_dim_, "key"), {b, t, -1, head_dim_});
     v = view(whole((*wv)(x), head_dim_, "value"), {b, t, -1, head_dim_});
   }
-  COMMTRACE_CHECK(q.size(2) == k.size(2) * n_rep_, ErrorCode::ShapeMismatch,
+  // Query heads per kv head here: n_rep, or with one duplicated kv head the rank's query heads
+  // (a divisor of n_rep: they all belong to that head's group).
+  const std::int64_t rep = k.size(2) == 1 && q.size(2) < n_rep_ ? q.size(2) : n_rep_;
+  COMMTRACE_CHECK(q.size(2) == k.size(2) * rep && n_rep_ % rep == 0, ErrorCode::ShapeMismatch,
                   "{}: {} query heads do not match {} kv heads × {} (a plan that shards q and kv "
                   "projections differently)",
                   fqn(), q.size(2), k.size(2), n_rep_);
@@ -138,8 +145,8 @@ Tensor DecoderAttention::forward(const Tensor& x) {
     q = apply_rope(q, cos, sin);
     k = apply_rope(k, cos, sin);
   }
-  k = repeat_kv(k, n_rep_);
-  v = repeat_kv(v, n_rep_);
+  k = repeat_kv(k, rep);
+  v = repeat_kv(v, rep);
   Tensor o = scaled_dot_product_attention(transpose(q, 1, 2), transpose(k, 1, 2),
                                           transpose(v, 1, 2), causal_);
   o = view(transpose(o, 1, 2), {b, t, -1});

@@ -129,6 +129,10 @@ Tensor Linear::forward(const Tensor& x) {
   for (const auto& [name, p] : local_parameters()) {
     if (name == "bias") b = p;
   }
+  if (derive) {
+    const auto [w, db] = derive(param("weight"), b);
+    return linear(x, w, db);
+  }
   return linear(x, param("weight"), b);
 }
 

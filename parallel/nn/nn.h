@@ -96,6 +96,12 @@ class Linear : public Module {
   Linear(std::int64_t in, std::int64_t out, bool bias, Generator& gen, const ModuleOptions& o);
   Tensor forward(const Tensor& x) override;
   std::int64_t in_features, out_features;
+  // > 0: the output features are this many heads (set by attention modules), so column
+  // sharding keeps heads whole, and duplicates them when there are fewer heads than ranks.
+  std::int64_t heads = 0;
+  // When set, forward multiplies by what it returns for (weight, bias) instead: a style that
+  // derives the weight it uses each call (ColwiseParallel's duplicated heads). Differentiable.
+  std::function<std::pair<Tensor, Tensor>(const Tensor& weight, const Tensor& bias)> derive;
 };
 
 class ReLU : public Module {

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "parallel/nn/models.h"
+#include "parallel/tensor/ops.h"
 #include "tracer/json_io.h"
 
 namespace commtrace {
@@ -128,12 +129,50 @@ std::string ColwiseParallel::str() const {
   return "ColwiseParallel(" + args_str(a) + ")";
 }
 
+namespace {
+
+// Fewer heads than ranks (grouped-query attention's kv projections): the parameters stay
+// Replicate, and each call derives a weight of one head per rank, rank r holding head
+// r / (ranks / heads): every head repeated ranks / heads times (expand, local) and sharded on
+// dim 0 (a local chunk). Backward gathers the per-rank weight gradients over the mesh and sums
+// each head's copies, so the parameters' gradients come out Replicate.
+void duplicate_heads(Linear& lin, const std::shared_ptr<const DeviceMesh>& mesh) {
+  distribute_all(lin, mesh, {Placement::replicate()});
+  const std::int64_t heads = lin.heads, copies = mesh->size(0) / heads;
+  const Reason why(fmt::format("{} weight: {} heads duplicated onto {} ranks (ColwiseParallel)",
+                               lin.fqn(), heads, mesh->size(0)));
+  auto dup = [heads, copies, why, fqn = lin.fqn()](const Tensor& t) {
+    if (!t.defined()) return t;
+    Shape grouped = t.shape(), repeated;
+    COMMTRACE_CHECK(grouped[0] % heads == 0, ErrorCode::ShapeMismatch,
+                    "{}: {} output features are not {} whole heads", fqn, grouped[0], heads);
+    grouped[0] /= heads;
+    grouped.insert(grouped.begin(), {heads, 1});
+    repeated = grouped;
+    repeated[1] = copies;
+    Shape flat = t.shape();
+    flat[0] *= copies;
+    return redistribute(view(expand(view(t, grouped), repeated), flat), {Placement::shard(0)}, why);
+  };
+  lin.derive = [dup](const Tensor& w, const Tensor& b) { return std::pair{dup(w), dup(b)}; };
+}
+
+}  // namespace
+
 void ColwiseParallel::apply(Module& m, const std::shared_ptr<const DeviceMesh>& mesh) const {
   check_mesh(mesh, "ColwiseParallel");
   COMMTRACE_CHECK(is_linear(m) || is_embedding(m), ErrorCode::InvalidArgument,
                   "ColwiseParallel on '{}' ({}): only Linear and Embedding are supported", m.fqn(),
                   m.type());
-  if (is_linear(m)) {
+  auto* lin = dynamic_cast<Linear*>(&m);
+  const int ranks = mesh->size(0);
+  if (lin && lin->heads > 0 && lin->heads % ranks != 0) {
+    COMMTRACE_CHECK(ranks % lin->heads == 0, ErrorCode::InvalidArgument,
+                    "ColwiseParallel on '{}': its {} heads can be neither split over nor "
+                    "duplicated onto {} ranks (one count must divide the other)",
+                    m.fqn(), lin->heads, ranks);
+    duplicate_heads(*lin, mesh);
+  } else if (is_linear(m)) {
     distribute_all(m, mesh, {Placement::shard(0)});
   } else {
     distribute_param(m, "weight", mesh, {Placement::shard(1)});

@@ -5,11 +5,12 @@
 # after forward); the Megatron plans for the fused-QKV models (megatron-sp refuses FSDP: its
 # coalesced gradient all_reduce needs whole gradients).
 # The zoo's decoder has 4 heads: at world 8 it must fail with the clear head-count error.
+# llama-tiny-gqa2 has 2 kv heads: at world 4 and 8 they are duplicated onto the ranks.
 set -uo pipefail
 ct="$1" samples="$2"
 fails=0 runs=0
 for model in decoder "$samples/llama-tiny.json" "$samples/llama-tiny-fused.json" "$samples/gpt-tiny.json" \
-    "$samples/llama-tiny-megatron.json" "$samples/gpt-tiny-fused.json"; do
+    "$samples/llama-tiny-megatron.json" "$samples/gpt-tiny-fused.json" "$samples/llama-tiny-gqa2.json"; do
   plans="tp sp torchtitan"
   [[ "$model" == *fused* || "$model" == *megatron* ]] && plans="$plans megatron megatron-sp"
   for plan in $plans; do
