@@ -26,6 +26,7 @@
 #include "report/baseline.h"
 #include "report/consistency.h"
 #include "report/diff.h"
+#include "report/kineto.h"
 #include "report/names.h"
 #include "report/torch_compat.h"
 #include "report/trace_json.h"
@@ -250,6 +251,21 @@ struct ViewArgs {
   }
 };
 
+// Cross-rank consistency of the traces (--rank all): 0 when consistent, else 1 after naming
+// every divergence.
+int print_consistency(const std::vector<Trace>& traces, std::FILE* out) {
+  const auto problems = check_rank_consistency(traces);
+  if (problems.empty()) {
+    fmt::print(out, "ranks consistent: {} ranks issue the same collectives in the same order\n",
+               traces.size());
+    return 0;
+  }
+  fmt::print(out, "ranks diverge ({} problem{}):\n", problems.size(),
+             problems.size() == 1 ? "" : "s");
+  for (const auto& p : problems) fmt::print(out, "  {}\n", p);
+  return 1;
+}
+
 struct RunArgs {
   ParallelArgs p;
   ViewArgs view;
@@ -377,19 +393,7 @@ int cmd_run(RunArgs& a) {
     fmt::print(head, "wrote {}/rank-<r>.json ({} rank{}, one file each; join with merge)\n",
                a.per_rank_dir, traces.size(), traces.size() == 1 ? "" : "s");
   }
-  int rc = 0;
-  if (all) {
-    const auto problems = check_rank_consistency(traces);
-    if (problems.empty()) {
-      fmt::print(head, "ranks consistent: {} ranks issue the same collectives in the same order\n",
-                 traces.size());
-    } else {
-      fmt::print(head, "ranks diverge ({} problem{}):\n", problems.size(),
-                 problems.size() == 1 ? "" : "s");
-      for (const auto& p : problems) fmt::print(head, "  {}\n", p);
-      rc = 1;
-    }
-  }
+  int rc = all ? print_consistency(traces, head) : 0;
   if (!a.expect.empty()) {
     const CheckResult r = check_expectations(t, a.expect);
     for (const Mismatch& d : r.differences) {
@@ -474,14 +478,15 @@ const Trace& pick_rank(const std::vector<Trace>& traces, int rank, const std::st
 
 struct ShowArgs {
   std::string file;
-  int rank = 0;
+  std::string rank = "0";  // or "all": rank 0, then the ranks' consistency
   ViewArgs view;
 };
 
 int cmd_show(ShowArgs& a) {
   const std::vector<Trace> traces = load_traces(a.file);
-  a.view.print(pick_rank(traces, a.rank, a.file));
-  return 0;
+  const bool all = a.rank == "all";
+  a.view.print(pick_rank(traces, all ? traces.front().rank : std::stoi(a.rank), a.file));
+  return all ? print_consistency(traces, stdout) : 0;
 }
 
 struct DiffArgs {
@@ -499,6 +504,33 @@ int cmd_diff(DiffArgs& d) {
   const DiffResult r = diff_traces(pick_rank(ta, d.rank, d.a), pick_rank(tb, d.rank, d.b), o);
   fmt::print("{}", render_diff(r, use_color()));
   return r.equal ? 0 : 1;
+}
+
+struct ImportArgs {
+  std::vector<std::string> paths;
+  std::string out;
+  std::string model, plan;  // labels for headers and baselines
+  bool pretty = false;
+};
+
+// PyTorch profiler traces (one file per rank, or folders of them) into one commtrace trace file;
+// prints rank 0's summary and what the traces could not tell.
+int cmd_import_kineto(ImportArgs& a) {
+  KinetoImport in = import_kineto(a.paths);
+  for (Trace& t : in.traces) {
+    if (!a.model.empty()) t.metadata["model"] = a.model;
+    if (!a.plan.empty()) t.metadata["plan"] = a.plan;
+  }
+  write_trace_file(a.out, in.traces, a.pretty);
+  const Trace& t = in.traces.front();
+  fmt::print("imported {} rank{} ({} iterations) into {}\n", in.traces.size(),
+             in.traces.size() == 1 ? "" : "s", t.metadata.at("iterations"), a.out);
+  for (const auto& [key, value] : t.metadata) {
+    if (key == "modules" || key == "group_size") fmt::print("note: {}: {}\n", key, value);
+  }
+  for (const std::string& n : in.notes) fmt::print("note: {}\n", n);
+  fmt::print("\n{}", render_summary(t));
+  return 0;
 }
 
 struct MergeArgs {
@@ -699,7 +731,16 @@ int main(int argc, char** argv) {
   ShowArgs show_args;
   auto* show_cmd = app.add_subcommand("show", "Render a saved trace (ours or a PyTorch dump)");
   show_cmd->add_option("file", show_args.file, "Trace JSON")->required();
-  show_cmd->add_option("--rank", show_args.rank, "Rank to show")->capture_default_str();
+  show_cmd->add_option("--rank", show_args.rank, "Rank to show, or 'all' (checks consistency)")
+      ->capture_default_str()
+      ->check([](const std::string& v) -> std::string {
+        if (v == "all") return {};
+        char* end = nullptr;
+        const long r = std::strtol(v.c_str(), &end, 10);
+        return end != v.c_str() && *end == '\0' && r >= 0 && r < 4096
+                   ? std::string()
+                   : "must be a rank in [0, 4096) or all, got " + v;
+      });
   show_args.view.add_to(show_cmd);
 
   DiffArgs diff_args;
@@ -717,6 +758,18 @@ int main(int argc, char** argv) {
   merge_cmd->add_option("files", merge_args.files, "Per-rank trace JSON files")->required();
   merge_cmd->add_option("-o,--output", merge_args.out, "The merged trace JSON")->required();
   merge_cmd->add_flag("--pretty", merge_args.pretty, "Indent the output (compact by default)");
+
+  ImportArgs import_args;
+  auto* import_cmd = app.add_subcommand("import", "Read another tool's traces into a trace file");
+  import_cmd->require_subcommand(1);
+  auto* kineto_cmd = import_cmd->add_subcommand(
+      "kineto", "PyTorch profiler traces (torch.profiler's Chrome trace JSON, one file per rank)");
+  kineto_cmd->add_option("paths", import_args.paths, "Trace files, or folders of them")->required();
+  kineto_cmd->add_option("-o,--output", import_args.out, "The commtrace trace JSON")->required();
+  kineto_cmd->add_option("--model", import_args.model,
+                         "Name the run's model (trace headers; check matches baselines by it)");
+  kineto_cmd->add_option("--plan", import_args.plan, "Name the run's plan, as --model");
+  kineto_cmd->add_flag("--pretty", import_args.pretty, "Indent the output (compact by default)");
 
   CheckArgs check_args;
   auto* check_cmd =
@@ -781,6 +834,7 @@ int main(int argc, char** argv) {
     if (*diff_cmd) rc = cmd_diff(diff_args);
     if (*check_cmd) rc = cmd_check(check_args);
     if (*merge_cmd) rc = cmd_merge(merge_args);
+    if (*kineto_cmd) rc = cmd_import_kineto(import_args);
     if (*bench_step_cmd) rc = cmd_bench_step(bench_args);
     if (*bench_ar_cmd) rc = cmd_bench_allreduce(bench_args);
   } catch (const Error& e) {

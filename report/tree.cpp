@@ -152,24 +152,36 @@ std::string render_summary(const Trace& t) {
       counts.steady_from > 0
           ? fmt::format("; iteration {} on, the iterations before it differ", counts.steady_from)
           : "");
-  out += fmt::format("  {:<10} {:<15} {:<6} {:>4} {:>7} {:>12} {:>13}\n", "phase", "collective",
-                     "group", "n", "count", "bytes", "busbw factor");
+  // The group column fits the longest group name (an imported trace's "default_pg").
+  std::size_t gw = 6;
+  for (Phase ph : kPhases) {
+    if (counts.modules.empty()) break;
+    for (const GroupStat& g : counts.modules[0].phases[std::size_t(ph)]) {
+      gw = std::max(gw, g.group.size());
+    }
+  }
+  out += fmt::format("  {:<10} {:<15} {:<{}} {:>4} {:>7} {:>12} {:>13}\n", "phase", "collective",
+                     "group", gw, "n", "count", "bytes", "busbw factor");
   std::int64_t total = 0;
   std::uint64_t total_bytes = 0;
   bool any = false;
   for (Phase ph : kPhases) {
     if (counts.modules.empty()) break;
     for (const GroupStat& g : sorted_rows(counts.modules[0].phases[std::size_t(ph)])) {
-      out += fmt::format("  {:<10} {:<15} {:<6} {:>4} {:>7} {:>12} {:>13.3f}\n", phase_name(ph),
-                         collective_name(g.op), g.group, g.group_size, g.stat.count,
-                         format_bytes(g.stat.bytes), busbw_factor(g.op, std::max(1, g.group_size)));
+      // A group size of 0 is unknown (an imported trace that does not say): no factor.
+      const std::string n = g.group_size > 0 ? std::to_string(g.group_size) : "?";
+      const std::string factor =
+          g.group_size > 0 ? fmt::format("{:.3f}", busbw_factor(g.op, g.group_size)) : "-";
+      out += fmt::format("  {:<10} {:<15} {:<{}} {:>4} {:>7} {:>12} {:>13}\n", phase_name(ph),
+                         collective_name(g.op), g.group, gw, n, g.stat.count,
+                         format_bytes(g.stat.bytes), factor);
       total += g.stat.count;
       total_bytes += g.stat.bytes;
       any = true;
     }
   }
   if (!any) out += "  (no collectives)\n";
-  out += fmt::format("  {:<10} {:<15} {:<6} {:>4} {:>7} {:>12}\n", "total", "", "", "", total,
+  out += fmt::format("  {:<10} {:<15} {:<{}} {:>4} {:>7} {:>12}\n", "total", "", "", gw, "", total,
                      format_bytes(total_bytes));
   return out;
 }

@@ -12,7 +12,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 seconds="${1:-60}"
 build=build-fuzz
-targets=(trace torch baseline plan model)
+targets=(trace torch baseline plan model kineto)
 
 CC=clang CXX=clang++ BUILD_DIR="$build" \
   CMAKE_ARGS="-DCOMMTRACE_FUZZ=ON -DCOMMTRACE_WITH_CUDA=OFF -DCOMMTRACE_WITH_MPI=OFF -DCOMMTRACE_BUILD_BENCH=OFF -DCOMMTRACE_BUILD_TESTS=OFF" \
@@ -39,6 +39,21 @@ cp "$data"/torch/*.json "$corpus/torch/"
 cp "$data"/bad/baseline_*.json "$data/bad/reference_baseline.json.valid" "$corpus/baseline/"
 cp samples/plans/*.json "$corpus/plan/"
 cp samples/models/*.json "$corpus/model/"
+# PyTorch profiler traces: the fixtures cut to the events the importer reads (and a few others),
+# small inputs fuzz faster; and one whole gzipped file.
+for f in tests/kineto/data/*/rank0.json.gz; do
+  python3 - "$f" "$corpus/kineto/$(basename "$(dirname "$f")").json" <<'PY'
+import gzip, json, sys
+d = json.load(gzip.open(sys.argv[1]))
+read = ("ProfilerStep", "autograd::engine", "Optimizer.", "record_param_comms", "c10d::",
+        "_c10d_functional::", "module: ", "nn.Module: ")
+ev = d["traceEvents"]
+keep = [e for e in ev if str(e.get("name", "")).startswith(read) or "Sequence number" in e.get("args", {})]
+d["traceEvents"] = keep[:150] + ev[:20]
+json.dump(d, open(sys.argv[2], "w"))
+PY
+done
+cp tests/kineto/data/toy_tp_w2/rank0.json.gz "$corpus/kineto/"
 
 for t in "${targets[@]}"; do
   echo "fuzz: $t for ${seconds}s"

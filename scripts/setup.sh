@@ -16,6 +16,7 @@ BUILD_DIR="${BUILD_DIR:-build}"
 PACKAGES=(
   build-essential cmake ninja-build python3
   nlohmann-json3-dev libfmt-dev libcli11-dev catch2 libopenblas-dev libbenchmark-dev
+  zlib1g-dev  # gzip-compressed PyTorch profiler traces (import kineto)
   clang libclang-rt-dev  # libFuzzer and the sanitizers' runtimes for scripts/fuzz.sh
   libopenmpi-dev openmpi-bin  # one process per rank: the mpi launcher and backend
 )

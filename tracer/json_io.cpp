@@ -61,11 +61,21 @@ std::string JsonPath::str() const {
 }
 
 Json JsonReader::parse(std::string_view text, std::string_view expected) const {
+  return parse_impl(text, expected, nullptr);
+}
+
+Json JsonReader::parse(std::string_view text, std::string_view expected,
+                       const Json::parser_callback_t& filter) const {
+  return parse_impl(text, expected, &filter);
+}
+
+Json JsonReader::parse_impl(std::string_view text, std::string_view expected,
+                            const Json::parser_callback_t* filter) const {
   COMMTRACE_CHECK(nesting_depth(text, kMaxJsonDepth) <= kMaxJsonDepth, ErrorCode::InvalidArgument,
                   "{}: JSON nested deeper than {} levels", source_, kMaxJsonDepth);
   Json root;
   try {
-    root = Json::parse(text);
+    root = filter ? Json::parse(text, *filter) : Json::parse(text);
   } catch (const Json::exception& e) {
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("{}: not valid JSON: {}", source_, e.what()));

@@ -55,6 +55,12 @@ class JsonReader {
   // and no control character in any string or key (terminal escapes), nested at most
   // kMaxJsonDepth levels.
   Json parse(std::string_view text, std::string_view expected) const;
+  // The same with nlohmann's parser callback: `filter` sees every value as it is parsed and may
+  // take it or drop it (return false), so a large file's uninteresting parts never sit in memory.
+  // Only what is kept is checked for control characters: check what the filter takes with
+  // check_printable.
+  Json parse(std::string_view text, std::string_view expected,
+             const Json::parser_callback_t& filter) const;
   // The header by the one policy: "schema" equal to `schema`, "version" "<major>.<minor>" with a
   // major among `supported` ({major, minor} this build writes for each major it reads).
   // Afterwards check_keys refuses unknown keys only for minors <= that major's. Returns the
@@ -69,6 +75,8 @@ class JsonReader {
   void check_keys(const Json& j, const JsonPath& path,
                   std::initializer_list<const char*> known) const;
   bool strict() const { return strict_; }
+  // Refuses a control character in any string or key of j ("<file>: <path>: control character").
+  void check_printable(const Json& j, const JsonPath& path) const;
 
   const Json& object(const Json& j, const JsonPath& path) const;
   const Json& array(const Json& j, const JsonPath& path) const;
@@ -97,7 +105,8 @@ class JsonReader {
   }
 
  private:
-  void check_printable(const Json& j, const JsonPath& path) const;
+  Json parse_impl(std::string_view text, std::string_view expected,
+                  const Json::parser_callback_t* filter) const;
 
   std::string source_;
   bool strict_ = true;

@@ -2,7 +2,7 @@
 // parses the bytes as that file and, when they parse, walks the result the way the CLI would.
 // Bad input must end in commtrace::Error (a clear message, exit 2 in the CLI); anything else
 // (another exception, a crash, a sanitizer report, a hang) is a finding. One source, one binary
-// per reader: COMMTRACE_FUZZ_TARGET selects which (trace, torch, baseline, plan, model).
+// per reader: COMMTRACE_FUZZ_TARGET selects which (trace, torch, baseline, plan, model, kineto).
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -10,6 +10,7 @@
 #include "parallel/nn/models.h"
 #include "parallel/plans/style.h"
 #include "report/baseline.h"
+#include "report/kineto.h"
 #include "report/torch_compat.h"
 #include "report/trace_json.h"
 #include "report/tree.h"
@@ -50,8 +51,12 @@ void run(const std::string& text) {
   (void)plan_from_json_text(text, "fuzz.json");
 #elif COMMTRACE_FUZZ_TARGET == 5
   (void)model_from_json_text(text, "fuzz.json");
+#elif COMMTRACE_FUZZ_TARGET == 6
+  const Trace t = read_kineto_trace(text, "fuzz.json", 0);
+  walk(t);
+  (void)trace_json_string({t});
 #else
-#error "COMMTRACE_FUZZ_TARGET must be 1 (trace) .. 5 (model)"
+#error "COMMTRACE_FUZZ_TARGET must be 1 (trace) .. 6 (kineto)"
 #endif
 }
 
