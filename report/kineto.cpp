@@ -1,6 +1,8 @@
 #include "report/kineto.h"
 
+#if COMMTRACE_HAVE_ZLIB
 #include <zlib.h>
+#endif
 
 #include <algorithm>
 #include <filesystem>
@@ -28,6 +30,12 @@ std::string inflate_if_gzip(const std::string& bytes, const std::string& source)
       static_cast<unsigned char>(bytes[1]) != 0x8b) {
     return bytes;
   }
+#if !COMMTRACE_HAVE_ZLIB
+  throw Error(ErrorCode::Unsupported,
+              fmt::format("{}: a gzip file, and this commtrace was built without zlib: gunzip "
+                          "it first",
+                          source));
+#else
   z_stream zs{};
   COMMTRACE_CHECK(inflateInit2(&zs, 15 + 16) == Z_OK, ErrorCode::Internal,
                   "{}: zlib cannot start inflating", source);
@@ -63,6 +71,7 @@ std::string inflate_if_gzip(const std::string& bytes, const std::string& source)
                     zs.msg ? zs.msg : "corrupt data");
   }
   return out;
+#endif
 }
 
 // Complete events of one thread nest; this answers "the innermost range around time ts" for a

@@ -1,13 +1,8 @@
-// The tracer: interning, fixed-size records, iteration folding, the tick clock and the scopes.
+// The tracer: interning, fixed-size records, iteration folding and the scopes.
 #include "tracer/tracer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <utility>
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <x86intrin.h>
-#endif
 
 // The per-event helpers of the matching path: inlined into their callers.
 #if defined(__GNUC__)
@@ -22,21 +17,6 @@ namespace {
 thread_local Tracer* g_current = nullptr;
 std::atomic<std::uint32_t> g_next_tracer_id{1};  // 0 marks an empty shape cache
 
-// A cheap monotonic counter: the TSC on x86 (about 10 ns a read against 30 ns for steady_clock
-// on a VM), steady_clock nanoseconds elsewhere. take() converts ticks to seconds against
-// steady_clock over the trace's whole span.
-std::uint64_t ticks() {
-#if defined(__x86_64__) || defined(__i386__)
-  return __rdtsc();
-#else
-  return std::uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
-#endif
-}
-
-double steady_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 std::uint16_t arg_count(std::size_t n, const char* what) {
   COMMTRACE_CHECK(n <= 0xffff, ErrorCode::Internal, "tracer: {} {} arguments in one record", n,
                   what);
@@ -44,10 +24,7 @@ std::uint16_t arg_count(std::size_t n, const char* what) {
 }
 }  // namespace
 
-Tracer::Tracer(int rank)
-    : id_(g_next_tracer_id.fetch_add(1, std::memory_order_relaxed)),
-      start_ticks_(ticks()),
-      start_steady_s_(steady_seconds()) {
+Tracer::Tracer(int rank) : id_(g_next_tracer_id.fetch_add(1, std::memory_order_relaxed)) {
   trace_.rank = rank;
   trace_.records.reserve(1024);
   trace_.args.reserve(4096);
@@ -104,7 +81,7 @@ void Tracer::set_params(int module,
   }
 }
 
-std::uint64_t Tracer::now() const { return ticks() - start_ticks_; }
+std::uint64_t Tracer::now() const { return clock_.now(); }
 
 COMMTRACE_HOT StrId Tracer::intern_static(const char* s) {
   StaticSlot& slot = static_cache_[(reinterpret_cast<std::uintptr_t>(s) >> 3) & 255];
@@ -377,10 +354,7 @@ std::size_t Tracer::memory_bytes() const {
 
 Trace Tracer::take() {
   close_block();
-  // Ticks to seconds, against steady_clock over the trace's span.
-  const std::uint64_t span_ticks = now();
-  const double span_s = steady_seconds() - start_steady_s_;
-  const double per_tick = span_ticks > 0 ? span_s / double(span_ticks) : 0.0;
+  const double per_tick = clock_.seconds_per_tick();
   for (Record& r : trace_.records) {
     r.start_s *= per_tick;
     r.duration_s *= per_tick;
@@ -399,8 +373,7 @@ Trace Tracer::take() {
   static_ids_.clear();
   static_cache_.fill(StaticSlot{});
   mesh_keys_.clear();
-  start_ticks_ = ticks();
-  start_steady_s_ = steady_seconds();
+  clock_.restart();
   return out;
 }
 

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tracer/clock.h"
 #include "tracer/trace.h"
 
 namespace commtrace {
@@ -158,8 +159,7 @@ class Tracer {
   Trace trace_;
   std::vector<int> stack_{0};
   Phase phase_ = Phase::Forward;
-  std::uint64_t start_ticks_;
-  double start_steady_s_;
+  TickClock clock_;
   std::uint32_t iteration_ = 0;
   std::unordered_map<const char*, StrId> static_ids_;
   std::vector<std::pair<std::uint64_t, MeshId>> mesh_keys_;
