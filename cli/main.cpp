@@ -66,6 +66,41 @@ CLI::Validator whole_number(std::uint64_t lo, std::uint64_t hi) {
 }
 constexpr std::uint64_t kMaxSeed = std::numeric_limits<std::uint64_t>::max();
 
+// One of `names`; a typo gets the closest one suggested.
+CLI::Validator one_of(std::vector<std::string> names) {
+  const std::string desc = fmt::format("{{{}}}", fmt::join(names, ","));
+  return CLI::Validator(
+      [names = std::move(names)](std::string& s) -> std::string {
+        if (std::find(names.begin(), names.end(), s) != names.end()) return {};
+        return fmt::format("{} not in {{{}}}{}", s, fmt::join(names, ","), did_you_mean(s, names));
+      },
+      desc);
+}
+
+// A parse error's message with a suggestion for an unknown subcommand or option: the closest
+// subcommand name or option name of the subcommand being parsed.
+std::string with_suggestion(const CLI::App& app, const CLI::ParseError& e) {
+  std::string msg = e.what();
+  const CLI::App* at = &app;
+  for (bool deeper = true; deeper;) {
+    deeper = false;
+    for (const CLI::App* sub : at->get_subcommands()) {
+      at = sub, deeper = true;
+      break;
+    }
+  }
+  std::vector<std::string> names;
+  for (const CLI::App* sub : at->get_subcommands({})) names.push_back(sub->get_name());
+  for (const CLI::Option* o : at->get_options()) {
+    for (const std::string& l : o->get_lnames()) names.push_back("--" + l);
+  }
+  for (const std::string& extra : at->remaining()) {
+    const std::string hint = did_you_mean(extra.substr(0, extra.find('=')), names);
+    if (!hint.empty()) return fmt::format("{}: '{}'{}", msg, extra, hint);
+  }
+  return msg;
+}
+
 // Colour only on a terminal and never with NO_COLOR set.
 bool use_color() { return isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr; }
 
@@ -147,7 +182,7 @@ struct ParallelArgs {
         ->check(whole_number(0, kMaxSeed));
     c->add_option("--dtype", dtype, "f32 or f64")
         ->capture_default_str()
-        ->check(CLI::IsMember({"f32", "f64"}));
+        ->check(one_of({"f32", "f64"}));
     c->add_option("--timeout", cfg.timeout_s,
                   "Seconds a rank waits for the others of its group before the run fails")
         ->capture_default_str()
@@ -169,7 +204,7 @@ struct ParallelArgs {
                   "The dp dim of a 2-D mesh: ddp (gradient buckets) or fsdp (FSDP2's fully_shard "
                   "on every layers.<i> block and the root)")
         ->capture_default_str()
-        ->check(CLI::IsMember({"ddp", "fsdp"}));
+        ->check(one_of({"ddp", "fsdp"}));
     c->add_flag("--no-reshard-after-forward", no_reshard,
                 "fsdp: keep the gathered parameters from forward to backward (no second "
                 "all_gather)");
@@ -239,14 +274,15 @@ struct ViewArgs {
         ->check(CLI::Range(0, 3));
     c->add_flag("--explain", explain, "Show why every collective happened");
     c->add_option("--compat", compat, "torch: CommDebugMode's table layout")
-        ->check(CLI::IsMember({"torch"}));
+        ->check(one_of({"torch"}));
   }
-  void print(const Trace& t) const {
+  void print(const Trace& t, std::FILE* out = stdout) const {
+    const bool color = out == stdout && use_color();
     if (compat == "torch") {
-      fmt::print("{}", torch_table(t, noise, use_color()));
+      fmt::print(out, "{}", torch_table(t, noise, color));
       return;
     }
-    fmt::print("{}\n{}", render_tree(t, TreeOptions{noise, explain, use_color()}),
+    fmt::print(out, "{}\n{}", render_tree(t, TreeOptions{noise, explain, color}),
                render_summary(t));
   }
 };
@@ -317,6 +353,9 @@ void write_per_rank_files(const std::string& dir, const std::vector<Trace>& trac
 }
 
 int cmd_run(RunArgs& a) {
+  COMMTRACE_CHECK(!(a.json == "-" && a.torch_json == "-"), ErrorCode::InvalidArgument,
+                  "--json - and --torch-json -: only one of them can go to standard output");
+  validate_expectations(a.expect);  // a typo fails now, not after the run
   a.p.cfg.backend = a.backend;
   a.p.resolve();
   TraceOptions o;
@@ -338,8 +377,21 @@ int cmd_run(RunArgs& a) {
     }
     o.ranks = {shown};
   }
+  // A long run shows its progress on a terminal: one line, rewritten at most 10 times a second.
+  const bool progress = a.iters > 1 && isatty(STDERR_FILENO) && a.p.procs.rank == 0;
+  std::chrono::steady_clock::time_point last{};
+  if (progress) {
+    o.on_iteration = [&](int done, int total) {
+      const auto now = std::chrono::steady_clock::now();
+      if (done < total && now - last < std::chrono::milliseconds(100)) return;
+      last = now;
+      fmt::print(stderr, "\rcommtrace run: iteration {}/{}", done, total);
+      std::fflush(stderr);
+    };
+  }
   std::vector<double> losses;
   std::vector<Trace> traces = trace_run(o, &losses);
+  if (progress) fmt::print(stderr, "\r\x1b[K");
   std::vector<Trace> local;  // this process's traces, for --per-rank-files
   if (!a.per_rank_dir.empty()) {
     const std::string id = broadcast_from_first(launcher_for(o.cfg.backend), new_run_id());
@@ -352,8 +404,10 @@ int cmd_run(RunArgs& a) {
   const Trace& t = traces.front();
   const auto& md = t.metadata;
   // With --compat torch stdout holds CommDebugMode's table alone (byte-comparable with
-  // PyTorch's); the run's header goes to stderr.
-  std::FILE* head = a.view.compat == "torch" ? stderr : stdout;
+  // PyTorch's); the run's header goes to stderr. With --json - (or --torch-json -) stdout holds
+  // that JSON alone and every report goes to stderr.
+  const bool json_out = a.json == "-" || a.torch_json == "-";
+  std::FILE* head = a.view.compat == "torch" || json_out ? stderr : stdout;
   fmt::print(head,
              "commtrace run: {} with plan {} on {} ranks ({}), {} backend, {}, {} iteration{}{}\n",
              md.at("model"), md.at("plan"), md.at("world_size"), md.at("mesh"), md.at("backend"),
@@ -365,17 +419,24 @@ int cmd_run(RunArgs& a) {
   }
   fmt::print(head, "trace of rank {}:\n", t.rank);
   std::fflush(head);
-  a.view.print(t);
+  a.view.print(t, json_out ? stderr : stdout);
 
   // Every output is written to its temporary file first; the files replace their targets only
   // when all were written, so a failure leaves every target as it was.
   std::optional<AtomicFile> json_file, torch_file;
-  if (!a.json.empty()) {
+  if (a.json == "-") {
+    write_trace_json(
+        traces, [](std::string_view s) { std::fwrite(s.data(), 1, s.size(), stdout); }, a.pretty);
+    std::fputc('\n', stdout);
+  } else if (a.torch_json == "-") {
+    fmt::print("{}\n", torch_json_dump(t, a.view.noise));
+  }
+  if (!a.json.empty() && a.json != "-") {
     json_file.emplace(a.json);
     write_trace_json(
         traces, [&](std::string_view s) { json_file->write(s); }, a.pretty);
   }
-  if (!a.torch_json.empty()) {
+  if (!a.torch_json.empty() && a.torch_json != "-") {
     torch_file.emplace(a.torch_json);
     torch_file->write(torch_json_dump(t, a.view.noise));
   }
@@ -493,6 +554,7 @@ struct DiffArgs {
   std::string a, b;
   int rank = 0;
   int depth = -1;
+  std::string format = "text";
 };
 
 int cmd_diff(DiffArgs& d) {
@@ -502,24 +564,41 @@ int cmd_diff(DiffArgs& d) {
   o.label_b = d.b;
   o.max_depth = d.depth;
   const DiffResult r = diff_traces(pick_rank(ta, d.rank, d.a), pick_rank(tb, d.rank, d.b), o);
-  fmt::print("{}", render_diff(r, use_color()));
+  fmt::print("{}", d.format == "json" ? diff_json(r) : render_diff(r, use_color()));
   return r.equal ? 0 : 1;
 }
 
 struct ImportArgs {
   std::vector<std::string> paths;
   std::string out;
-  std::string model, plan;  // labels for headers and baselines
+  std::string model, plan;               // labels for headers and baselines
+  std::vector<std::string> group_names;  // OLD=NEW
   bool pretty = false;
 };
 
 // PyTorch profiler traces (one file per rank, or folders of them) into one commtrace trace file;
 // prints rank 0's summary and what the traces could not tell.
 int cmd_import_kineto(ImportArgs& a) {
+  std::vector<std::pair<std::string, std::string>> renames;
+  for (const std::string& g : a.group_names) {
+    const std::size_t eq = g.find('=');
+    COMMTRACE_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < g.size(),
+                    ErrorCode::InvalidArgument,
+                    "--group-name: expected OLD=NEW (e.g. default_pg=tp), got '{}'", g);
+    renames.emplace_back(g.substr(0, eq), g.substr(eq + 1));
+  }
   KinetoImport in = import_kineto(a.paths);
   for (Trace& t : in.traces) {
     if (!a.model.empty()) t.metadata["model"] = a.model;
     if (!a.plan.empty()) t.metadata["plan"] = a.plan;
+    for (const auto& [from, to] : renames) {
+      const StrId id = t.pools.intern(to);
+      for (Record& r : t.records) {
+        if (r.kind == EventKind::Collective && t.str(r.collective.group) == from) {
+          r.collective.group = id;
+        }
+      }
+    }
   }
   write_trace_file(a.out, in.traces, a.pretty);
   const Trace& t = in.traces.front();
@@ -594,7 +673,22 @@ struct CheckArgs {
   std::string trace, baseline;
   bool update = false;
   int rank = 0;
+  std::string format = "text";
+  std::string tolerance = "0";
 };
+
+// "5%" or "0.05": a non-negative fraction.
+double parse_tolerance(const std::string& s) {
+  const bool percent = !s.empty() && s.back() == '%';
+  const std::string num = percent ? s.substr(0, s.size() - 1) : s;
+  char* end = nullptr;
+  const double v = std::strtod(num.c_str(), &end);
+  COMMTRACE_CHECK(!num.empty() && end == num.c_str() + num.size() && std::isfinite(v),
+                  ErrorCode::InvalidArgument, "--tolerance: '{}' is not a number or percentage", s);
+  const double f = percent ? v / 100 : v;
+  COMMTRACE_CHECK(f >= 0, ErrorCode::InvalidArgument, "--tolerance: {} must not be negative", s);
+  return f;
+}
 
 int cmd_check(CheckArgs& c) {
   const std::vector<Trace> traces = load_traces(c.trace);
@@ -604,7 +698,14 @@ int cmd_check(CheckArgs& c) {
     fmt::print("wrote baseline {} from {}\n", c.baseline, c.trace);
     return 0;
   }
-  const CheckResult r = check_baseline(t, read_text_file(c.baseline, "baseline"), c.baseline);
+  CheckOptions o;
+  o.tolerance = parse_tolerance(c.tolerance);
+  const CheckResult r = check_baseline(t, read_text_file(c.baseline, "baseline"), c.baseline, o);
+  if (c.format == "json") {
+    fmt::print("{}", check_json(r, c.trace, c.baseline));
+    return r.ok ? 0 : 1;
+  }
+  for (const std::string& n : r.notes) fmt::print("note: {}\n", n);
   if (r.ok) {
     fmt::print("OK: {} matches baseline {}\n", c.trace, c.baseline);
     return 0;
@@ -671,13 +772,13 @@ int main(int argc, char** argv) {
       ->check(positive_finite());
   train_cmd->add_option("--optimizer", train_args.opts.optimizer, "adamw or sgd")
       ->capture_default_str()
-      ->check(CLI::IsMember({"adamw", "sgd"}));
+      ->check(one_of({"adamw", "sgd"}));
   train_cmd->add_option("--device", train_args.device, "cpu or meta (shapes only)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "meta"}));
+      ->check(one_of({"cpu", "meta"}));
   train_cmd->add_option("--dtype", train_args.dtype, "f32 or f64")
       ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "f64"}));
+      ->check(one_of({"f32", "f64"}));
   train_cmd->add_option("--seed", train_args.opts.seed, "Seed of weights and batch")
       ->capture_default_str()
       ->check(whole_number(0, kMaxSeed));
@@ -694,24 +795,26 @@ int main(int argc, char** argv) {
       ->check(whole_number(1, 1000000));
   run_cmd->add_option("--device", run_args.p.device, "cpu, or meta (with --backend fake)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "meta"}));
+      ->check(one_of({"cpu", "meta"}));
   run_cmd
       ->add_option("--backend", run_args.backend,
                    "threads (real data), fake (records only) or mpi (one process per rank, "
                    "under mpirun)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"threads", "fake", "mpi"}));
+      ->check(one_of({"threads", "fake", "mpi"}));
   run_cmd->add_option("--rank", run_args.rank, "Rank to show, or 'all' (checks consistency)")
       ->capture_default_str();
   run_cmd->add_option("--lr", run_args.lr, "AdamW learning rate")
       ->capture_default_str()
       ->check(positive_finite());
-  run_cmd->add_option("--json", run_args.json, "Write commtrace's trace JSON (all traced ranks)");
+  run_cmd->add_option("--json", run_args.json,
+                      "Write commtrace's trace JSON (all traced ranks); - for standard output");
   run_cmd->add_flag("--pretty", run_args.pretty, "Indent the --json file (compact by default)");
   run_cmd->add_option("--per-rank-files", run_args.per_rank_dir,
                       "Also write each traced rank's trace to DIR/rank-<r>.json (join: merge)");
   run_cmd->add_option("--torch-json", run_args.torch_json,
-                      "Write PyTorch's generate_json_dump format (at --noise)");
+                      "Write PyTorch's generate_json_dump format (at --noise); - for standard "
+                      "output");
   run_cmd->add_option("--expect", run_args.expect,
                       "Expected per-iteration count, e.g. forward.all_reduce=1 (repeatable)");
 
@@ -723,7 +826,7 @@ int main(int argc, char** argv) {
       ->add_option("--backend", verify_args.p.cfg.backend,
                    "threads, or mpi (one process per rank, under mpirun)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"threads", "mpi"}));
+      ->check(one_of({"threads", "mpi"}));
   verify_cmd->add_option("--tolerance", verify_args.tolerance, "Max relative error")
       ->capture_default_str()
       ->check(positive_finite());
@@ -749,6 +852,9 @@ int main(int argc, char** argv) {
   diff_cmd->add_option("a", diff_args.a, "Trace JSON (ours or a PyTorch dump)")->required();
   diff_cmd->add_option("b", diff_args.b, "Trace JSON (ours or a PyTorch dump)")->required();
   diff_cmd->add_option("--rank", diff_args.rank, "Rank to compare")->capture_default_str();
+  diff_cmd->add_option("--format", diff_args.format, "text, or json for scripts")
+      ->capture_default_str()
+      ->check(one_of({"text", "json"}));
   diff_cmd->add_option("--depth", diff_args.depth,
                        "Compare modules down to this depth (0: totals only); default all");
 
@@ -769,6 +875,9 @@ int main(int argc, char** argv) {
   kineto_cmd->add_option("--model", import_args.model,
                          "Name the run's model (trace headers; check matches baselines by it)");
   kineto_cmd->add_option("--plan", import_args.plan, "Name the run's plan, as --model");
+  kineto_cmd->add_option("--group-name", import_args.group_names,
+                         "Rename a process group, OLD=NEW (e.g. default_pg=tp, as a commtrace "
+                         "baseline names it); repeatable");
   kineto_cmd->add_flag("--pretty", import_args.pretty, "Indent the output (compact by default)");
 
   CheckArgs check_args;
@@ -778,6 +887,13 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--baseline", check_args.baseline, "Baseline JSON")->required();
   check_cmd->add_flag("--update", check_args.update, "Write the baseline from the trace");
   check_cmd->add_option("--rank", check_args.rank, "Rank to check")->capture_default_str();
+  check_cmd
+      ->add_option("--tolerance", check_args.tolerance,
+                   "How far bytes may stray from the baseline's: a fraction (0.05) or 5%")
+      ->capture_default_str();
+  check_cmd->add_option("--format", check_args.format, "text, or json for scripts")
+      ->capture_default_str()
+      ->check(one_of({"text", "json"}));
 
   BenchArgs bench_args;
   auto* bench_cmd =
@@ -790,10 +906,10 @@ int main(int argc, char** argv) {
   bench_args.p.add_to(bench_step_cmd);
   bench_step_cmd->add_option("--device", bench_args.p.device, "cpu, or meta (with --backend fake)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "meta"}));
+      ->check(one_of({"cpu", "meta"}));
   bench_step_cmd->add_option("--backend", bench_args.backend, "threads or fake")
       ->capture_default_str()
-      ->check(CLI::IsMember({"threads", "fake"}));
+      ->check(one_of({"threads", "fake"}));
   bench_step_cmd->add_option("--rank", bench_args.rank, "Ranks traced: all, or 0")
       ->capture_default_str();
   bench_step_cmd->add_option("--steps", bench_args.step.steps, "Steps per sample")
@@ -811,7 +927,7 @@ int main(int argc, char** argv) {
       ->add_option("--backend", bench_args.ar_backend,
                    "threads, or mpi (under mpirun: one rank per process)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"threads", "mpi"}));
+      ->check(one_of({"threads", "mpi"}));
   bench_ar_cmd->add_option("--mib", bench_args.mib, "Buffer size in MiB")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 4096.0));
@@ -822,7 +938,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    print_error("error: ", with_suggestion(app, e).c_str());
+    std::fputs("Run with --help for more information.\n", stderr);
+    return 2;
   }
   int rc = 0;
   try {

@@ -1,6 +1,7 @@
 #include "kernels/base.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace commtrace {
 
@@ -112,6 +113,35 @@ const char* error_code_name(ErrorCode c) {
       return "Aborted";
   }
   return "?";
+}
+
+std::string did_you_mean(std::string_view given, std::span<const std::string> known) {
+  // Optimal string alignment distance: insertions, deletions, substitutions, adjacent swaps.
+  auto distance = [](std::string_view a, std::string_view b) {
+    std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+    for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+    for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+      for (std::size_t j = 1; j <= b.size(); ++j) {
+        const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+        d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+        if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+          d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        }
+      }
+    }
+    return d[a.size()][b.size()];
+  };
+  if (given.empty() || given.size() > 256) return "";
+  const std::size_t limit = std::max<std::size_t>(1, given.size() / 3);
+  std::size_t best = limit + 1;
+  const std::string* match = nullptr;
+  for (const std::string& k : known) {
+    if (k.size() > 256) continue;
+    const std::size_t dist = distance(given, k);
+    if (dist < best) best = dist, match = &k;
+  }
+  return match ? fmt::format(" (did you mean '{}'?)", *match) : "";
 }
 
 }  // namespace commtrace

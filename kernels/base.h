@@ -8,6 +8,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -57,6 +58,10 @@ class Error : public std::runtime_error {
  private:
   ErrorCode code_;
 };
+
+// " (did you mean 'transformer'?)" for the known name closest to `given` (Damerau-Levenshtein,
+// within a third of its length, at least 1), "" when none is close. For error messages.
+std::string did_you_mean(std::string_view given, std::span<const std::string> known);
 
 // Throws Error(code, fmt::format(...)) when cond is false.
 #define COMMTRACE_CHECK(cond, code, ...)                                     \

@@ -13,6 +13,8 @@ OpStat ModuleCounts::op(Phase p, Collective c) const {
     if (g.op != c) continue;
     s.count += g.stat.count;
     s.bytes += g.stat.bytes;
+    s.seconds += g.stat.seconds;
+    s.dtype_mask |= g.stat.dtype_mask;
   }
   return s;
 }
@@ -67,6 +69,11 @@ std::vector<std::pair<int, int>> module_preorder(const Trace& t) {
 
 bool is_torch_dump(const Trace& t) { return metadata_of(t, "format") == "torch"; }
 
+bool has_times(const Trace& t) {
+  return !is_torch_dump(t) && metadata_of(t, "backend") != "fake" &&
+         metadata_of(t, "device") != "meta";
+}
+
 std::string metadata_of(const Trace& t, const char* key) {
   const auto it = t.metadata.find(key);
   return it == t.metadata.end() ? "" : it->second;
@@ -78,6 +85,7 @@ namespace {
 CountTree count_blocks(const Trace& t, const Block* only) {
   CountTree tree;
   tree.has_bytes = !is_torch_dump(t);
+  tree.has_times = has_times(t);
   const int n = int(t.modules.size());
   std::vector<int> slot(std::size_t(n), -1);
   for (const auto& [m, depth] : module_preorder(t)) {
@@ -110,6 +118,8 @@ CountTree count_blocks(const Trace& t, const Block* only) {
       }
       g->stat.count += repeat;
       g->stat.bytes += r.collective.bytes * repeat;
+      g->stat.seconds += r.duration_s * double(repeat);
+      g->stat.dtype_mask |= 1u << unsigned(r.dtype);
       if (m == 0) break;
       m = t.modules[std::size_t(m)].parent;
     }
@@ -186,6 +196,7 @@ CountTree collective_counts_per_iteration(const Trace& t) {
                         g.stat.bytes, iters);
         g.stat.count /= iters;
         g.stat.bytes /= std::uint64_t(iters);
+        g.stat.seconds /= iters;
       }
     }
   }

@@ -16,6 +16,8 @@ namespace commtrace {
 struct OpStat {
   std::int64_t count = 0;
   std::uint64_t bytes = 0;
+  double seconds = 0;       // the records' durations summed (see has_times)
+  unsigned dtype_mask = 0;  // bit d set when a record of DType d is counted
 };
 
 // One collective on one group (the group's name and size; "" and 0 from PyTorch dumps).
@@ -41,6 +43,7 @@ struct ModuleCounts {
 struct CountTree {
   std::vector<ModuleCounts> modules;  // preorder from Global (children in call order)
   bool has_bytes = true;              // false for PyTorch dumps (no bytes)
+  bool has_times = true;              // false when the durations measure nothing (has_times())
   // Per-iteration counts of a trace whose iterations differ: the counts are those of the last
   // iterations, alike from this one on (0: every iteration is alike).
   int steady_from = 0;
@@ -63,6 +66,9 @@ CountTree collective_counts_per_iteration(const Trace& t);
 std::vector<std::pair<int, int>> module_preorder(const Trace& t);
 
 bool is_torch_dump(const Trace& t);  // read from a PyTorch generate_json_dump file
+// Whether the records' durations are measured transfer times: not for a PyTorch dump (none), the
+// fake backend (moves no data) or the meta device (runs nothing).
+bool has_times(const Trace& t);
 std::string metadata_of(const Trace& t, const char* key);  // "" when absent
 
 }  // namespace commtrace

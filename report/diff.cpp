@@ -7,6 +7,7 @@
 
 #include "report/names.h"
 #include "tracer/collectives.h"
+#include "tracer/json_io.h"
 
 namespace commtrace {
 
@@ -15,7 +16,7 @@ namespace {
 constexpr const char* kRed = "\x1b[31m";
 constexpr const char* kGreen = "\x1b[32m";
 constexpr const char* kReset = "\x1b[0m";
-constexpr const char* kMinus = "\u2212";  // typographic minus, as in "−1"
+constexpr const char* kMinus = "-";  // ASCII, so grep -- -1 finds it
 
 // Columns on screen: UTF-8 continuation bytes take none.
 std::size_t width(const std::string& s) {
@@ -206,6 +207,48 @@ std::string render_diff(const DiffResult& d, bool color) {
   out += parts.empty() ? "totals: unchanged (collectives moved between modules)\n"
                        : fmt::format("totals: {}\n", fmt::join(parts, "; "));
   return out;
+}
+
+std::string diff_json(const DiffResult& d) {
+  Json modules = Json::array();
+  for (const DiffModule& m : d.modules) {
+    Json rows = Json::array();
+    for (const DiffRow& r : m.rows) {
+      Json row{{"phase", phase_name(r.phase)},
+               {"collective", collective_name(r.op)},
+               {"count_a", r.a.count},
+               {"count_b", r.b.count}};
+      if (d.bytes) {
+        row["bytes_a"] = r.a.bytes;
+        row["bytes_b"] = r.b.bytes;
+      }
+      rows.push_back(std::move(row));
+    }
+    modules.push_back(
+        Json{{"fqn", m.fqn},
+             {"only_in", m.only_in == 0 ? Json(nullptr) : Json(m.only_in == 1 ? "a" : "b")},
+             {"rows", std::move(rows)}});
+  }
+  Json totals = Json::array();
+  for (const TotalChange& c : d.totals) {
+    Json t{{"phase", phase_name(c.phase)},
+           {"collective", collective_name(c.op)},
+           {"count_delta", c.count_delta}};
+    if (d.bytes) t["bytes_delta"] = c.bytes_delta;
+    totals.push_back(std::move(t));
+  }
+  const Json root{{"schema", "commtrace.diff"},
+                  {"version", "1.0"},
+                  {"equal", d.equal},
+                  {"a", d.desc_a},
+                  {"b", d.desc_b},
+                  {"per_iteration", d.per_iteration},
+                  {"bytes_compared", d.bytes},
+                  {"phases", d.torch ? Json{"forward", "backward"}
+                                     : Json{"forward", "backward", "optimizer", "recompute"}},
+                  {"modules", std::move(modules)},
+                  {"totals", std::move(totals)}};
+  return root.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace commtrace

@@ -119,10 +119,13 @@ std::string render_tree(const Trace& t, const TreeOptions& o) {
       if (rows.empty() && !has_ops) continue;
       out += fmt::format("{}  {}\n", pad, phase_name(ph));
       for (const GroupStat& g : sorted_rows(rows)) {
-        out +=
-            st.coll(fmt::format("{}    {:<15} ×{:<3} {:>10}  {}({})", pad, collective_name(g.op),
-                                g.stat.count, format_bytes(g.stat.bytes), g.group, g.group_size)) +
-            "\n";
+        // A PyTorch dump has neither bytes nor groups: its rows show the count alone.
+        const std::string bytes = counts.has_bytes ? format_bytes(g.stat.bytes) : "-";
+        const std::string group =
+            g.group_size > 0 ? fmt::format("  {}({})", g.group, g.group_size) : "";
+        out += st.coll(fmt::format("{}    {:<15} ×{:<3} {:>10}{}", pad, collective_name(g.op),
+                                   g.stat.count, bytes, group)) +
+               "\n";
       }
       for (const auto& [r, repeat] : mine) {
         if (r->kind == EventKind::Collective) {
@@ -144,6 +147,19 @@ std::string render_tree(const Trace& t, const TreeOptions& o) {
   return out;
 }
 
+namespace {
+
+// "12.3" µs, or "-" when there is no time.
+std::string micros(double seconds, bool known) {
+  return known ? fmt::format("{:.1f}", seconds * 1e6) : "-";
+}
+// GB/s (1e9 bytes per second, nccl-tests' unit), or "-".
+std::string gbps(double bytes, double seconds, bool known) {
+  return known && seconds > 0 ? fmt::format("{:.2f}", bytes / seconds * 1e-9) : "-";
+}
+
+}  // namespace
+
 std::string render_summary(const Trace& t) {
   const int iters = trace_iterations(t);
   const CountTree counts = collective_counts_per_iteration(t);
@@ -160,29 +176,59 @@ std::string render_summary(const Trace& t) {
       gw = std::max(gw, g.group.size());
     }
   }
-  out += fmt::format("  {:<10} {:<15} {:<{}} {:>4} {:>7} {:>12} {:>13}\n", "phase", "collective",
-                     "group", gw, "n", "count", "bytes", "busbw factor");
+  // nccl-tests' columns: bus bytes = bytes × the busbw factor of the group size; algbw =
+  // bytes / time, busbw = bus bytes / time, over the iteration's calls of the row.
+  const auto row = [&](const std::string& phase, const std::string& coll, const std::string& group,
+                       const std::string& n, const std::string& count, const std::string& bytes,
+                       const std::string& bus, const std::string& time, const std::string& algbw,
+                       const std::string& busbw) {
+    return fmt::format("  {:<10} {:<15} {:<{}} {:>4} {:>7} {:>12} {:>12} {:>10} {:>8} {:>8}", phase,
+                       coll, group, gw, n, count, bytes, bus, time, algbw, busbw);
+  };
+  const auto trim = [](std::string s) {
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    return s + "\n";
+  };
+  out += trim(row("phase", "collective", "group", "n", "count", "bytes", "bus bytes", "time",
+                  "algbw", "busbw"));
+  out += trim(row("", "", "", "", "", "", "", "(us)", "(GB/s)", "(GB/s)"));
+  const bool times = counts.has_times, bytes = counts.has_bytes;
   std::int64_t total = 0;
   std::uint64_t total_bytes = 0;
-  bool any = false;
+  double total_bus = 0, total_s = 0;
+  bool any = false, bus_known = true;
   for (Phase ph : kPhases) {
     if (counts.modules.empty()) break;
     for (const GroupStat& g : sorted_rows(counts.modules[0].phases[std::size_t(ph)])) {
-      // A group size of 0 is unknown (an imported trace that does not say): no factor.
-      const std::string n = g.group_size > 0 ? std::to_string(g.group_size) : "?";
-      const std::string factor =
-          g.group_size > 0 ? fmt::format("{:.3f}", busbw_factor(g.op, g.group_size)) : "-";
-      out += fmt::format("  {:<10} {:<15} {:<{}} {:>4} {:>7} {:>12} {:>13}\n", phase_name(ph),
-                         collective_name(g.op), g.group, gw, n, g.stat.count,
-                         format_bytes(g.stat.bytes), factor);
+      // A group size of 0 is unknown (a PyTorch dump, an import that does not say): no factor.
+      const bool sized = g.group_size > 0;
+      const double bus = sized ? double(g.stat.bytes) * busbw_factor(g.op, g.group_size) : 0;
+      out += trim(row(phase_name(ph), collective_name(g.op), g.group.empty() ? "-" : g.group,
+                      sized ? std::to_string(g.group_size) : "?", std::to_string(g.stat.count),
+                      bytes ? format_bytes(g.stat.bytes) : "-",
+                      bytes && sized ? format_bytes(std::uint64_t(bus + 0.5)) : "-",
+                      micros(g.stat.seconds, times),
+                      gbps(double(g.stat.bytes), g.stat.seconds, times && bytes),
+                      gbps(bus, g.stat.seconds, times && bytes && sized)));
       total += g.stat.count;
       total_bytes += g.stat.bytes;
+      total_bus += bus;
+      total_s += g.stat.seconds;
+      bus_known = bus_known && sized;
       any = true;
     }
   }
   if (!any) out += "  (no collectives)\n";
-  out += fmt::format("  {:<10} {:<15} {:<{}} {:>4} {:>7} {:>12}\n", "total", "", "", gw, "", total,
-                     format_bytes(total_bytes));
+  out +=
+      trim(row("total", "", "", "", std::to_string(total), bytes ? format_bytes(total_bytes) : "-",
+               bytes && bus_known ? format_bytes(std::uint64_t(total_bus + 0.5)) : "-",
+               micros(total_s, times), "", ""));
+  if (!bytes) {
+    out += "  (a PyTorch CommDebugMode dump holds counts only: no bytes, groups or times)\n";
+  } else if (!times) {
+    out += fmt::format("  (no times: {} moves no data)\n",
+                       metadata_of(t, "device") == "meta" ? "the meta device" : "the fake backend");
+  }
   return out;
 }
 

@@ -255,8 +255,8 @@ const ModelEntry& find_model(const std::string& name) {
     names.push_back(e.name);
   }
   throw Error(ErrorCode::InvalidArgument,
-              fmt::format("unknown model '{}' (known: {}; or a model JSON file)", name,
-                          fmt::join(names, ", ")));
+              fmt::format("unknown model '{}'{} (known: {}; or a model JSON file)", name,
+                          did_you_mean(name, names), fmt::join(names, ", ")));
 }
 
 ModelEntry model_from_json_text(const std::string& text, const std::string& source) {

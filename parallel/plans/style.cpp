@@ -582,9 +582,10 @@ Plan builtin_plan(const std::string& model, const std::string& name) {
     return p;
   }
   throw Error(ErrorCode::InvalidArgument,
-              fmt::format("model '{}' has no built-in plan '{}' (built-in: {}; or give a JSON "
+              fmt::format("model '{}' has no built-in plan '{}'{} (built-in: {}; or give a JSON "
                           "plan file)",
-                          model, name, fmt::join(builtin_plan_names(model), ", ")));
+                          model, name, did_you_mean(name, builtin_plan_names(model)),
+                          fmt::join(builtin_plan_names(model), ", ")));
 }
 
 Plan resolve_plan(const std::string& model, const std::string& plan_or_file) {

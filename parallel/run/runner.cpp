@@ -397,6 +397,8 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
             loss = train_step(s, opt);
           }
           tr.next_iteration();
+          if (opts.on_iteration && ctx.rank() == traced.front())
+            opts.on_iteration(it + 1, opts.iters);
           if (cfg.module.device == Device::CPU && cfg.backend != "fake") {
             NoGradGuard ng;  // the loss readout (an all_reduce when Partial) is not traced
             mine.push_back((is_dtensor(loss) ? full_tensor(loss) : loss).item());

@@ -4,6 +4,8 @@
 // verify() compares one such run with the same model on one device.
 #pragma once
 
+#include <functional>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -105,6 +107,8 @@ struct TraceOptions {
   int iters = 1;
   std::vector<int> ranks;  // ranks to trace; empty: rank 0 only
   double lr = 1e-3;        // AdamW
+  // Called after each iteration (done, of iters) by the first traced rank, on its thread.
+  std::function<void(int, int)> on_iteration;
 };
 
 // Runs opts.iters training iterations (forward, loss, backward, DDP, AdamW step) on every rank

@@ -25,7 +25,7 @@ check run_sp 0 "reduce_scatter" -- "$ct" run --model toy --plan sp --world-size 
 check show 0 "ToyModel.out_proj" -- "$ct" show tp.json
 check show_torch 0 "\*c10d_functional.all_reduce: 1" -- "$ct" show tp.json --compat torch
 check diff_same 0 "no differences" -- "$ct" diff tp.json tp.json
-check diff_tp_sp 1 "totals: forward −1 all_reduce, \+1 all_gather, \+1 reduce_scatter; backward \+1 all_gather" \
+check diff_tp_sp 1 "totals: forward -1 all_reduce, \+1 all_gather, \+1 reduce_scatter; backward \+1 all_gather" \
   -- "$ct" diff tp.json sp.json
 check baseline_update 0 "wrote baseline" -- "$ct" check tp.json --baseline base.json --update
 check baseline_ok 0 "^OK" -- "$ct" check tp.json --baseline base.json

@@ -50,7 +50,7 @@ done
 # TP vs SP: the same totals line from imported traces as from commtrace's own.
 a="$("$ct" diff "$dir/k_toy_tp_w2.json" "$dir/k_toy_sp_w2.json" | tail -1)"
 b="$("$ct" diff "$dir/o_toy_tp_w2.json" "$dir/o_toy_sp_w2.json" | tail -1)"
-[[ "$a" == "$b" && "$a" == "totals: forward −1 all_reduce, +1 all_gather, +1 reduce_scatter; backward +1 all_gather" ]] ||
+[[ "$a" == "$b" && "$a" == "totals: forward -1 all_reduce, +1 all_gather, +1 reduce_scatter; backward +1 all_gather" ]] ||
   fail "toy TP vs SP totals: imported '$a', own '$b'"
 a="$("$ct" diff "$dir/k_transformer_tp_w2.json" "$dir/k_transformer_sp_w2.json" | tail -1)"
 b="$("$ct" diff "$dir/o_transformer_tp_w2.json" "$dir/o_transformer_sp_w2.json" | tail -1)"
@@ -58,10 +58,16 @@ b="$("$ct" diff "$dir/o_transformer_tp_w2.json" "$dir/o_transformer_sp_w2.json" 
 [[ "${a/optimizer +30/optimizer +10}" == "$b" ]] ||
   fail "transformer TP vs SP totals: imported '$a', own '$b'"
 
-# CI baselines: one made from commtrace's own trace checks the imported one.
+# CI baselines: one made from commtrace's own trace checks the imported one; it pins the groups,
+# which PyTorch names default_pg here and commtrace tp.
 "$ct" check "$dir/o_toy_sp_w2.json" --baseline "$dir/base.json" --update >/dev/null
-"$ct" check "$dir/k_toy_sp_w2.json" --baseline "$dir/base.json" >/dev/null ||
-  fail "the imported toy sp trace fails the baseline of commtrace's own"
+out="$("$ct" check "$dir/k_toy_sp_w2.json" --baseline "$dir/base.json")"
+[[ $? == 1 && "$out" == *"forward.all_gather groups: expected tp(2), got default_pg(2)"* ]] ||
+  fail "groups: $out"
+"$ct" import kineto "$data/toy_sp_w2" --model toy --plan sp --group-name default_pg=tp \
+  -o "$dir/renamed.json" >/dev/null || fail "--group-name"
+out="$("$ct" check "$dir/renamed.json" --baseline "$dir/base.json")" ||
+  fail "the imported toy sp trace fails the baseline of commtrace's own: $out"
 "$ct" import kineto "$data/toy_tp_w2" --model toy --plan sp -o "$dir/wrong.json" >/dev/null
 "$ct" check "$dir/wrong.json" --baseline "$dir/base.json" >/dev/null
 [[ $? == 1 ]] || fail "a TP trace passed the SP baseline"

@@ -219,7 +219,7 @@ TEST_CASE("diff: toy TP vs SP", "[report][diff]") {
   // DESIGN §2, per module (spacing aside).
   REQUIRE(
       block(text, "ToyModel") ==
-      std::vector<std::string>{"forward all_reduce 1 → 0 (−1) bytes 400 B → 0 B (−400 B)",
+      std::vector<std::string>{"forward all_reduce 1 → 0 (-1) bytes 400 B → 0 B (-400 B)",
                                "all_gather 0 → 1 (+1) bytes 0 B → 3.12 KiB (+3.12 KiB)",
                                "reduce_scatter 0 → 1 (+1) bytes 0 B → 1.56 KiB (+1.56 KiB)",
                                "backward all_gather 0 → 1 (+1) bytes 0 B → 1.56 KiB (+1.56 KiB)"});
@@ -259,7 +259,7 @@ TEST_CASE("diff: toy TP vs SP totals as in DESIGN", "[report][diff]") {
   const std::string d = render_diff(diff_traces(toy_tp(), toy_sp()));
   INFO(d);
   REQUIRE(contains(d,
-                   "totals: forward −1 all_reduce, +1 all_gather, +1 reduce_scatter; "
+                   "totals: forward -1 all_reduce, +1 all_gather, +1 reduce_scatter; "
                    "backward +1 all_gather\n"));
 }
 
@@ -325,15 +325,19 @@ TEST_CASE("baseline: make and check", "[report][baseline]") {
   const std::string text = make_baseline(toy_tp());
   const json j = json::parse(text);
   REQUIRE(j["schema"] == "commtrace.baseline");
-  REQUIRE(j["version"] == "1.0");
+  REQUIRE(j["version"] == "1.1");
   REQUIRE(contains(j["_comment"].get<std::string>(), "commtrace check --update"));
   REQUIRE(j["model"] == "toy");
   REQUIRE(j["plan"] == toy_tp().metadata.at("plan"));
   REQUIRE(j["world_size"] == 4);
-  REQUIRE(j["totals"] == json::parse(R"({"forward": {"all_reduce": 1}, "backward": {},
-                                         "optimizer": {}})"));
-  REQUIRE(j["modules"] == json::parse(R"({"ToyModel": {"forward": {"all_reduce": 1}},
-                                          "ToyModel.out_proj": {"forward": {"all_reduce": 1}}})"));
+  REQUIRE(j["source"] == "commtrace");
+  REQUIRE(j["totals"] == json::parse(R"J({"forward": {"all_reduce": {"count": 1, "bytes": 400,
+                                          "groups": ["tp(4)"], "dtypes": ["f32"]}},
+                                          "backward": {}, "optimizer": {}})J"));
+  REQUIRE(j["modules"] ==
+          json::parse(R"({"ToyModel": {"forward": {"all_reduce": {"count": 1, "bytes": 400}}},
+                          "ToyModel.out_proj": {"forward": {"all_reduce":
+                                                            {"count": 1, "bytes": 400}}}})"));
 
   const CheckResult same = check_baseline(toy_tp(), text, "baseline.json");
   REQUIRE(same.ok);
@@ -372,11 +376,66 @@ TEST_CASE("baseline: make and check", "[report][baseline]") {
                                  "ToyModel.gone.forward.all_gather: expected 2, got 0 (the trace "
                                  "has no such module)"});
   }
-  SECTION("PyTorch keys and comments are accepted") {
+  SECTION("PyTorch keys, count-only entries and comments are accepted") {
     json edited = j;
     edited["totals"]["forward"] = json{{"c10d_functional.all_reduce", 1}};
     edited["_note"] = "hand-edited";
     REQUIRE(check_baseline(toy_tp(), edited.dump(), "baseline.json").ok);
+  }
+  SECTION("bytes, groups and dtypes are pinned; --tolerance lets bytes stray") {
+    Trace doubled = toy_tp();
+    for (Record& r : doubled.records) r.collective.bytes *= 2;
+    CheckResult r = check_baseline(doubled, text, "b.json");
+    REQUIRE_FALSE(r.ok);
+    REQUIRE(lines_of(r.differences) ==
+            std::vector<std::string>{
+                "forward.all_reduce bytes: expected 400 B (400 B), got 800 B (800 B)",
+                "ToyModel.forward.all_reduce bytes: expected 400 B (400 B), got 800 B (800 B)",
+                "ToyModel.out_proj.forward.all_reduce bytes: expected 400 B (400 B), got 800 B "
+                "(800 B)"});
+    Trace plus = toy_tp();
+    for (Record& r2 : plus.records) r2.collective.bytes += r2.collective.bytes / 20;  // +5%
+    REQUIRE_FALSE(check_baseline(plus, text, "b.json").ok);
+    REQUIRE(check_baseline(plus, text, "b.json", CheckOptions{0.05}).ok);
+    REQUIRE_FALSE(check_baseline(plus, text, "b.json", CheckOptions{0.04}).ok);
+
+    Trace regrouped = toy_tp();
+    for (Record& r2 : regrouped.records) {
+      if (r2.kind == EventKind::Collective) {
+        r2.collective.group = regrouped.pools.intern("dp");
+        r2.dtype = DType::BF16;
+      }
+    }
+    r = check_baseline(regrouped, text, "b.json");
+    REQUIRE(lines_of(r.differences) ==
+            std::vector<std::string>{"forward.all_reduce groups: expected tp(4), got dp(4)",
+                                     "forward.all_reduce dtypes: expected f32, got bf16"});
+    const json out = json::parse(check_json(r, "t.json", "b.json"));
+    REQUIRE(out["schema"] == "commtrace.check");
+    REQUIRE(out["ok"] == false);
+    REQUIRE(out["differences"][0]["what"] == "groups");
+    REQUIRE(out["differences"][0]["expected"] == "tp(4)");
+    REQUIRE(out["differences"][0]["module"] == "Global");
+  }
+  SECTION("a 1.0 baseline (counts only) still checks") {
+    json old = j;
+    old["version"] = "1.0";
+    old.erase("source");
+    old["totals"]["forward"]["all_reduce"] = 1;
+    old["modules"]["ToyModel"]["forward"]["all_reduce"] = 1;
+    old["modules"]["ToyModel.out_proj"]["forward"]["all_reduce"] = 1;
+    Trace doubled = toy_tp();
+    for (Record& r : doubled.records) r.collective.bytes *= 2;
+    REQUIRE(check_baseline(doubled, old.dump(), "b.json").ok);
+    REQUIRE_FALSE(check_baseline(
+                      toy_sp(),
+                      [&] {
+                        json o = old;
+                        o["plan"] = toy_sp().metadata.at("plan");
+                        return o.dump();
+                      }(),
+                      "b.json")
+                      .ok);
   }
   SECTION("another model or plan is an error naming both") {
     const std::string mlp = make_baseline(run("mlp", "tp")[0]);
@@ -413,6 +472,36 @@ TEST_CASE("baseline: make and check", "[report][baseline]") {
         error_of([&] { check_baseline(toy_tp(), trace_json_string({toy_tp()}), "b.json"); }),
         "schema is 'commtrace.trace'"));
   }
+}
+
+TEST_CASE("baseline from a PyTorch dump checks our trace by module path", "[report][baseline]") {
+  const Trace dump = load_traces((fs::path(COMMTRACE_TEST_DATA_DIR) / "torch" /
+                                  "golden_mlp_tp_comm_mode_log_noise3.json")
+                                     .string())
+                         .at(0);
+  const json j = json::parse(make_baseline(dump));
+  REQUIRE(j["source"] == "torch");
+  REQUIRE(j["model"] == "");
+  REQUIRE(j["totals"] == json::parse(R"({"forward": {"all_reduce": 1}, "backward": {}})"));
+  const CheckResult ok = check_baseline(run("mlp", "tp")[0], j.dump(), "torch.baseline.json");
+  REQUIRE(ok.ok);
+  REQUIRE(ok.notes == std::vector<std::string>{
+                          "forward and backward only: a PyTorch dump holds no other phase"});
+  const CheckResult bad = check_baseline(run("mlp", "tp", true)[0], j.dump(), "b.json");
+  REQUIRE(has_line(lines_of(bad.differences), "backward.all_reduce: expected 0, got 1"));
+}
+
+TEST_CASE("diff as JSON", "[report][diff]") {
+  const DiffResult d = diff_traces(toy_tp(), toy_sp());
+  const json j = json::parse(diff_json(d));
+  REQUIRE(j["schema"] == "commtrace.diff");
+  REQUIRE(j["equal"] == false);
+  REQUIRE(j["bytes_compared"] == true);
+  REQUIRE(j["modules"][0]["fqn"] == "Global");
+  REQUIRE(j["modules"][0]["rows"][0] == json::parse(R"({"phase": "forward", "collective":
+      "all_reduce", "count_a": 1, "count_b": 0, "bytes_a": 400, "bytes_b": 0})"));
+  REQUIRE(j["totals"][0]["count_delta"] == -1);
+  REQUIRE(json::parse(diff_json(diff_traces(toy_tp(), toy_tp())))["equal"] == true);
 }
 
 TEST_CASE("expectations", "[report][baseline]") {
