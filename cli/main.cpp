@@ -25,6 +25,7 @@
 #include "parallel/run/train.h"
 #include "report/baseline.h"
 #include "report/consistency.h"
+#include "report/cost.h"
 #include "report/diff.h"
 #include "report/kineto.h"
 #include "report/names.h"
@@ -138,6 +139,13 @@ int cmd_train(TrainArgs& a) {
     std::fflush(stdout);
   });
   return 0;
+}
+
+void add_topology_option(CLI::App* c, std::string& topology) {
+  c->add_option("--topology", topology,
+                fmt::format("Estimate times with the cost model on a topology: {} (presets), or a "
+                            "topology JSON file",
+                            fmt::join(topology_presets(), ", ")));
 }
 
 // Options shared by run and verify: what to run in parallel.
@@ -265,6 +273,7 @@ struct ViewArgs {
   int noise = 0;
   bool explain = false;
   std::string compat;
+  std::string topology;  // a preset or a topology JSON file
 
   void add_to(CLI::App* c) {
     c->add_option("--noise", noise,
@@ -275,6 +284,7 @@ struct ViewArgs {
     c->add_flag("--explain", explain, "Show why every collective happened");
     c->add_option("--compat", compat, "torch: CommDebugMode's table layout")
         ->check(one_of({"torch"}));
+    add_topology_option(c, topology);
   }
   void print(const Trace& t, std::FILE* out = stdout) const {
     const bool color = out == stdout && use_color();
@@ -282,8 +292,11 @@ struct ViewArgs {
       fmt::print(out, "{}", torch_table(t, noise, color));
       return;
     }
-    fmt::print(out, "{}\n{}", render_tree(t, TreeOptions{noise, explain, color}),
-               render_summary(t));
+    std::optional<TraceCost> cost;
+    if (!topology.empty()) cost.emplace(t, load_topology(topology));
+    const TraceCost* c = cost ? &*cost : nullptr;
+    fmt::print(out, "{}\n{}", render_tree(t, TreeOptions{noise, explain, color, c}),
+               render_summary(t, c));
   }
 };
 
@@ -555,6 +568,7 @@ struct DiffArgs {
   int rank = 0;
   int depth = -1;
   std::string format = "text";
+  std::string topology;
 };
 
 int cmd_diff(DiffArgs& d) {
@@ -563,6 +577,9 @@ int cmd_diff(DiffArgs& d) {
   o.label_a = d.a;
   o.label_b = d.b;
   o.max_depth = d.depth;
+  std::optional<Topology> topo;
+  if (!d.topology.empty()) topo = load_topology(d.topology);
+  o.topology = topo ? &*topo : nullptr;
   const DiffResult r = diff_traces(pick_rank(ta, d.rank, d.a), pick_rank(tb, d.rank, d.b), o);
   fmt::print("{}", d.format == "json" ? diff_json(r) : render_diff(r, use_color()));
   return r.equal ? 0 : 1;
@@ -855,6 +872,7 @@ int main(int argc, char** argv) {
   diff_cmd->add_option("--format", diff_args.format, "text, or json for scripts")
       ->capture_default_str()
       ->check(one_of({"text", "json"}));
+  add_topology_option(diff_cmd, diff_args.topology);
   diff_cmd->add_option("--depth", diff_args.depth,
                        "Compare modules down to this depth (0: totals only); default all");
 

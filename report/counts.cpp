@@ -5,6 +5,8 @@
 #include <tuple>
 #include <utility>
 
+#include "report/cost.h"
+
 namespace commtrace {
 
 OpStat ModuleCounts::op(Phase p, Collective c) const {
@@ -14,6 +16,7 @@ OpStat ModuleCounts::op(Phase p, Collective c) const {
     s.count += g.stat.count;
     s.bytes += g.stat.bytes;
     s.seconds += g.stat.seconds;
+    s.estimate_s += g.stat.estimate_s;
     s.dtype_mask |= g.stat.dtype_mask;
   }
   return s;
@@ -82,8 +85,9 @@ std::string metadata_of(const Trace& t, const char* key) {
 namespace {
 
 // collective_counts over every block, or over one block counted once.
-CountTree count_blocks(const Trace& t, const Block* only) {
+CountTree count_blocks(const Trace& t, const Block* only, const TraceCost* cost) {
   CountTree tree;
+  tree.has_estimates = cost != nullptr;
   tree.has_bytes = !is_torch_dump(t);
   tree.has_times = has_times(t);
   const int n = int(t.modules.size());
@@ -101,6 +105,7 @@ CountTree count_blocks(const Trace& t, const Block* only) {
       return;
     }
     const std::string_view group = t.str(r.collective.group);
+    const double estimate = cost ? cost->of(r).seconds : 0.0;
     // Walk to the root; at most n steps even if parent links loop.
     int m = int(r.module);
     for (int steps = 0; m >= 0 && m < n && steps <= n; ++steps) {
@@ -119,6 +124,7 @@ CountTree count_blocks(const Trace& t, const Block* only) {
       g->stat.count += repeat;
       g->stat.bytes += r.collective.bytes * repeat;
       g->stat.seconds += r.duration_s * double(repeat);
+      g->stat.estimate_s += estimate * double(repeat);
       g->stat.dtype_mask |= 1u << unsigned(r.dtype);
       if (m == 0) break;
       m = t.modules[std::size_t(m)].parent;
@@ -148,7 +154,9 @@ canonical(const CountTree& c) {
 
 }  // namespace
 
-CountTree collective_counts(const Trace& t) { return count_blocks(t, nullptr); }
+CountTree collective_counts(const Trace& t, const TraceCost* cost) {
+  return count_blocks(t, nullptr, cost);
+}
 
 int trace_iterations(const Trace& t) {
   const auto it = t.metadata.find("iterations");
@@ -162,9 +170,9 @@ int trace_iterations(const Trace& t) {
   return value;
 }
 
-CountTree collective_counts_per_iteration(const Trace& t) {
+CountTree collective_counts_per_iteration(const Trace& t, const TraceCost* cost) {
   const int iters = trace_iterations(t);
-  if (iters == 1) return collective_counts(t);
+  if (iters == 1) return collective_counts(t, cost);
   // When the blocks are the iterations, each distinct block is one iteration's counts.
   const std::vector<Block> blocks = t.block_list();
   std::uint64_t covered = 0;
@@ -173,7 +181,7 @@ CountTree collective_counts_per_iteration(const Trace& t) {
     std::vector<CountTree> trees;
     std::vector<decltype(canonical(CountTree{}))> keys;
     for (const Block& b : blocks) {
-      trees.push_back(count_blocks(t, &b));
+      trees.push_back(count_blocks(t, &b, cost));
       keys.push_back(canonical(trees.back()));
     }
     // The trailing run of blocks alike: every block when all iterations are alike, else the
@@ -184,7 +192,7 @@ CountTree collective_counts_per_iteration(const Trace& t) {
     out.steady_from = k == 0 ? 0 : int(blocks[k].iteration);
     return out;
   }
-  CountTree tree = collective_counts(t);
+  CountTree tree = collective_counts(t, cost);
   for (ModuleCounts& m : tree.modules) {
     for (std::size_t p = 0; p < m.phases.size(); ++p) {
       for (GroupStat& g : m.phases[p]) {
@@ -197,6 +205,7 @@ CountTree collective_counts_per_iteration(const Trace& t) {
         g.stat.count /= iters;
         g.stat.bytes /= std::uint64_t(iters);
         g.stat.seconds /= iters;
+        g.stat.estimate_s /= iters;
       }
     }
   }

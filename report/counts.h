@@ -17,6 +17,7 @@ struct OpStat {
   std::int64_t count = 0;
   std::uint64_t bytes = 0;
   double seconds = 0;       // the records' durations summed (see has_times)
+  double estimate_s = 0;    // the cost model's times summed (with a TraceCost)
   unsigned dtype_mask = 0;  // bit d set when a record of DType d is counted
 };
 
@@ -44,13 +45,17 @@ struct CountTree {
   std::vector<ModuleCounts> modules;  // preorder from Global (children in call order)
   bool has_bytes = true;              // false for PyTorch dumps (no bytes)
   bool has_times = true;              // false when the durations measure nothing (has_times())
+  bool has_estimates = false;         // counted with a TraceCost
   // Per-iteration counts of a trace whose iterations differ: the counts are those of the last
   // iterations, alike from this one on (0: every iteration is alike).
   int steady_from = 0;
   const ModuleCounts* find(const std::string& fqn) const;
 };
 
-CountTree collective_counts(const Trace& t);
+class TraceCost;
+
+// With `cost`, each collective's estimated time is summed too.
+CountTree collective_counts(const Trace& t, const TraceCost* cost = nullptr);
 
 // The trace's metadata "iterations" (1 when absent). Throws InvalidArgument when it is not a
 // positive integer.
@@ -60,7 +65,7 @@ int trace_iterations(const Trace& t);
 // iteration uses one bucket, the later ones its rebuilt buckets). Otherwise (a trace without
 // blocks) collective_counts divided by trace_iterations, throwing InvalidArgument naming the
 // module, phase and collective when a count or byte total is not a multiple of the iterations.
-CountTree collective_counts_per_iteration(const Trace& t);
+CountTree collective_counts_per_iteration(const Trace& t, const TraceCost* cost = nullptr);
 
 // Modules in preorder from Global with their depth; unreachable modules (a malformed tree) last.
 std::vector<std::pair<int, int>> module_preorder(const Trace& t);

@@ -1,6 +1,8 @@
 #include "report/diff.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <set>
 
 #include <fmt/ranges.h>
@@ -31,6 +33,8 @@ std::string pad_right(const std::string& s, std::size_t w) {
 std::string pad_left(const std::string& s, std::size_t w) {
   return std::string(w > width(s) ? w - width(s) : 0, ' ') + s;
 }
+
+std::string us(double seconds) { return fmt::format("{:.1f}", seconds * 1e6); }
 
 std::string signed_str(std::int64_t d) {
   return d < 0 ? fmt::format("{}{}", kMinus, -d) : fmt::format("+{}", d);
@@ -77,9 +81,15 @@ std::vector<Collective> op_union(const ModuleCounts* a, const ModuleCounts* b, P
 }  // namespace
 
 DiffResult diff_traces(const Trace& a, const Trace& b, const DiffOptions& options) {
-  const CountTree ca = collective_counts_per_iteration(a);
-  const CountTree cb = collective_counts_per_iteration(b);
+  std::optional<TraceCost> cost_a, cost_b;
+  if (options.topology) {
+    cost_a.emplace(a, *options.topology);
+    cost_b.emplace(b, *options.topology);
+  }
+  const CountTree ca = collective_counts_per_iteration(a, cost_a ? &*cost_a : nullptr);
+  const CountTree cb = collective_counts_per_iteration(b, cost_b ? &*cost_b : nullptr);
   DiffResult d;
+  if (options.topology) d.topology = options.topology->name;
   d.bytes = ca.has_bytes && cb.has_bytes;
   // PyTorch dumps hold forward and backward only; other phases are not comparable with them.
   d.torch = is_torch_dump(a) || is_torch_dump(b);
@@ -126,6 +136,16 @@ DiffResult diff_traces(const Trace& a, const Trace& b, const DiffOptions& option
       const std::int64_t db = std::int64_t(sb.bytes) - std::int64_t(sa.bytes);
       if (dc != 0 || (d.bytes && db != 0)) d.totals.push_back(TotalChange{ph, op, dc, db});
     }
+    if (options.topology && d.bytes) {
+      double ta = 0, tb = 0;
+      bool any = false;
+      for (Collective op : op_union(ga, gb, ph)) {
+        ta += ga ? ga->op(ph, op).estimate_s : 0;
+        tb += gb ? gb->op(ph, op).estimate_s : 0;
+        any = true;
+      }
+      if (any) d.est_times.push_back(PhaseTime{ph, ta, tb});
+    }
   }
   return d;
 }
@@ -139,7 +159,7 @@ std::string render_diff(const DiffResult& d, bool color) {
     if (!color || sign == 0) return s;
     return fmt::format("{}{}{}", sign < 0 ? kRed : kGreen, s, kReset);
   };
-  std::size_t w_phase = 0, w_op = 0, w_a = 0, w_b = 0, w_delta = 0, w_ba = 0, w_bb = 0;
+  std::size_t w_phase = 0, w_op = 0, w_a = 0, w_b = 0, w_delta = 0, w_ba = 0, w_bb = 0, w_bd = 0;
   for (const DiffModule& m : d.modules) {
     for (const DiffRow& r : m.rows) {
       w_phase = std::max(w_phase, width(phase_name(r.phase)));
@@ -152,6 +172,8 @@ std::string render_diff(const DiffResult& d, bool color) {
       if (r.bytes_differ) {
         w_ba = std::max(w_ba, format_bytes(r.a.bytes).size());
         w_bb = std::max(w_bb, format_bytes(r.b.bytes).size());
+        const std::int64_t db = std::int64_t(r.b.bytes) - std::int64_t(r.a.bytes);
+        w_bd = std::max(w_bd, signed_bytes(db).size() + 2);
       }
     }
   }
@@ -180,9 +202,13 @@ std::string render_diff(const DiffResult& d, bool color) {
         line += "   " + paint(pad_right(delta_str, w_delta), delta);
         line += fmt::format("   bytes {} \u2192 {}   ", pad_left(format_bytes(r.a.bytes), w_ba),
                             pad_left(format_bytes(r.b.bytes), w_bb));
-        line += paint("(" + signed_bytes(db) + ")", db > 0 ? 1 : -1);
+        const std::string bd = "(" + signed_bytes(db) + ")";
+        line += paint(d.topology.empty() ? bd : pad_right(bd, w_bd), db > 0 ? 1 : -1);
       } else if (!delta_str.empty()) {
         line += "   " + paint(delta_str, delta);
+      }
+      if (!d.topology.empty() && d.bytes) {
+        line += fmt::format("   est. {} → {} us", us(r.a.estimate_s), us(r.b.estimate_s));
       }
       out += line + "\n";
     }
@@ -206,6 +232,18 @@ std::string render_diff(const DiffResult& d, bool color) {
   }
   out += parts.empty() ? "totals: unchanged (collectives moved between modules)\n"
                        : fmt::format("totals: {}\n", fmt::join(parts, "; "));
+  if (!d.est_times.empty()) {
+    std::vector<std::string> times;
+    double ta = 0, tb = 0;
+    for (const PhaseTime& p : d.est_times) {
+      times.push_back(fmt::format("{} {} → {} us", phase_name(p.phase), us(p.a_s), us(p.b_s)));
+      ta += p.a_s;
+      tb += p.b_s;
+    }
+    out += fmt::format("estimated time per iteration on {}: {}; iteration {} → {} us ({}{} us)\n",
+                       d.topology, fmt::join(times, ", "), us(ta), us(tb), tb >= ta ? "+" : kMinus,
+                       us(std::abs(tb - ta)));
+  }
   return out;
 }
 
@@ -221,6 +259,10 @@ std::string diff_json(const DiffResult& d) {
       if (d.bytes) {
         row["bytes_a"] = r.a.bytes;
         row["bytes_b"] = r.b.bytes;
+      }
+      if (!d.topology.empty() && d.bytes) {
+        row["est_a_us"] = r.a.estimate_s * 1e6;
+        row["est_b_us"] = r.b.estimate_s * 1e6;
       }
       rows.push_back(std::move(row));
     }
@@ -248,7 +290,17 @@ std::string diff_json(const DiffResult& d) {
                                      : Json{"forward", "backward", "optimizer", "recompute"}},
                   {"modules", std::move(modules)},
                   {"totals", std::move(totals)}};
-  return root.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
+  Json root_out = root;
+  if (!d.topology.empty()) {
+    Json times = Json::array();
+    for (const PhaseTime& p : d.est_times) {
+      times.push_back(
+          Json{{"phase", phase_name(p.phase)}, {"a_us", p.a_s * 1e6}, {"b_us", p.b_s * 1e6}});
+    }
+    root_out["topology"] = d.topology;
+    root_out["estimated_times"] = std::move(times);
+  }
+  return root_out.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace commtrace

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "report/cost.h"
 #include "report/counts.h"
 #include "tracer/trace.h"
 
@@ -18,6 +19,8 @@ struct DiffOptions {
   // Compare modules down to this depth only (0: Global's totals; 1: + the model; ...); -1: all.
   // Rolled-up counts make a shallow diff tolerant of attribution differences below it.
   int max_depth = -1;
+  // With a topology, each side's estimated times (report/cost.h) are compared too.
+  const Topology* topology = nullptr;
 };
 
 struct DiffRow {
@@ -41,13 +44,21 @@ struct TotalChange {
   std::int64_t bytes_delta = 0;
 };
 
+// One phase's estimated time on each side (with a topology).
+struct PhaseTime {
+  Phase phase = Phase::Forward;
+  double a_s = 0, b_s = 0;
+};
+
 struct DiffResult {
   bool equal = true;
-  std::string label_a, label_b;  // DiffOptions' labels
-  std::string desc_a, desc_b;    // "A: toy tp (world 4)"
-  bool per_iteration = false;    // a side traced more than one iteration
-  bool torch = false;            // a side is a PyTorch dump: forward and backward only
-  bool bytes = true;             // bytes were compared (no PyTorch dump)
+  std::string topology;              // its name, when times were estimated
+  std::vector<PhaseTime> est_times;  // per phase with collectives on either side
+  std::string label_a, label_b;      // DiffOptions' labels
+  std::string desc_a, desc_b;        // "A: toy tp (world 4)"
+  bool per_iteration = false;        // a side traced more than one iteration
+  bool torch = false;                // a side is a PyTorch dump: forward and backward only
+  bool bytes = true;                 // bytes were compared (no PyTorch dump)
   std::vector<DiffModule> modules;
   std::vector<TotalChange> totals;
 };

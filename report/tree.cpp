@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <vector>
 
+#include <fmt/ranges.h>
+
+#include "report/cost.h"
 #include "report/counts.h"
 #include "report/names.h"
 #include "tracer/collectives.h"
@@ -82,7 +85,7 @@ std::vector<GroupStat> sorted_rows(std::vector<GroupStat> rows) {
 std::string render_tree(const Trace& t, const TreeOptions& o) {
   const Style st{o.color};
   const int n = int(t.modules.size());
-  const CountTree counts = collective_counts(t);
+  const CountTree counts = collective_counts(t, o.cost);
   // Each module's own records per phase, with their repeats.
   std::vector<std::array<std::vector<std::pair<const Record*, std::uint32_t>>, kPhaseCount>> own(
       static_cast<std::size_t>(n));
@@ -117,7 +120,12 @@ std::string render_tree(const Trace& t, const TreeOptions& o) {
       bool has_ops = false;
       for (const auto& [r, repeat] : mine) has_ops = has_ops || shown_at(*r, o.noise);
       if (rows.empty() && !has_ops) continue;
-      out += fmt::format("{}  {}\n", pad, phase_name(ph));
+      double est = 0;
+      for (const GroupStat& g : rows) est += g.stat.estimate_s;
+      out += o.cost && !rows.empty()
+                 ? fmt::format("{}  {}{}\n", pad, phase_name(ph),
+                               st.dim(fmt::format("  (est. {:.1f} us)", est * 1e6)))
+                 : fmt::format("{}  {}\n", pad, phase_name(ph));
       for (const GroupStat& g : sorted_rows(rows)) {
         // A PyTorch dump has neither bytes nor groups: its rows show the count alone.
         const std::string bytes = counts.has_bytes ? format_bytes(g.stat.bytes) : "-";
@@ -160,9 +168,9 @@ std::string gbps(double bytes, double seconds, bool known) {
 
 }  // namespace
 
-std::string render_summary(const Trace& t) {
+std::string render_summary(const Trace& t, const TraceCost* cost) {
   const int iters = trace_iterations(t);
-  const CountTree counts = collective_counts_per_iteration(t);
+  const CountTree counts = collective_counts_per_iteration(t, cost);
   std::string out = fmt::format(
       "per iteration ({} iteration{} traced, rank {}{}):\n", iters, iters == 1 ? "" : "s", t.rank,
       counts.steady_from > 0
@@ -177,57 +185,69 @@ std::string render_summary(const Trace& t) {
     }
   }
   // nccl-tests' columns: bus bytes = bytes × the busbw factor of the group size; algbw =
-  // bytes / time, busbw = bus bytes / time, over the iteration's calls of the row.
+  // bytes / time, busbw = bus bytes / time, over the iteration's calls of the row; then the
+  // cost model's estimate.
   const auto row = [&](const std::string& phase, const std::string& coll, const std::string& group,
                        const std::string& n, const std::string& count, const std::string& bytes,
                        const std::string& bus, const std::string& time, const std::string& algbw,
-                       const std::string& busbw) {
-    return fmt::format("  {:<10} {:<15} {:<{}} {:>4} {:>7} {:>12} {:>12} {:>10} {:>8} {:>8}", phase,
-                       coll, group, gw, n, count, bytes, bus, time, algbw, busbw);
-  };
-  const auto trim = [](std::string s) {
+                       const std::string& busbw, const std::string& est) {
+    std::string s =
+        fmt::format("  {:<10} {:<15} {:<{}} {:>4} {:>7} {:>12} {:>12} {:>10} {:>8} {:>8}", phase,
+                    coll, group, gw, n, count, bytes, bus, time, algbw, busbw);
+    if (cost) s += fmt::format(" {:>10}", est);
     while (!s.empty() && s.back() == ' ') s.pop_back();
     return s + "\n";
   };
-  out += trim(row("phase", "collective", "group", "n", "count", "bytes", "bus bytes", "time",
-                  "algbw", "busbw"));
-  out += trim(row("", "", "", "", "", "", "", "(us)", "(GB/s)", "(GB/s)"));
+  out += row("phase", "collective", "group", "n", "count", "bytes", "bus bytes", "time", "algbw",
+             "busbw", "est. time");
+  out += row("", "", "", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "(us)");
   const bool times = counts.has_times, bytes = counts.has_bytes;
   std::int64_t total = 0;
   std::uint64_t total_bytes = 0;
-  double total_bus = 0, total_s = 0;
+  double total_bus = 0, total_s = 0, total_est = 0;
+  std::vector<std::string> per_phase;
   bool any = false, bus_known = true;
   for (Phase ph : kPhases) {
     if (counts.modules.empty()) break;
+    double phase_est = 0;
+    bool phase_any = false;
     for (const GroupStat& g : sorted_rows(counts.modules[0].phases[std::size_t(ph)])) {
       // A group size of 0 is unknown (a PyTorch dump, an import that does not say): no factor.
       const bool sized = g.group_size > 0;
       const double bus = sized ? double(g.stat.bytes) * busbw_factor(g.op, g.group_size) : 0;
-      out += trim(row(phase_name(ph), collective_name(g.op), g.group.empty() ? "-" : g.group,
-                      sized ? std::to_string(g.group_size) : "?", std::to_string(g.stat.count),
-                      bytes ? format_bytes(g.stat.bytes) : "-",
-                      bytes && sized ? format_bytes(std::uint64_t(bus + 0.5)) : "-",
-                      micros(g.stat.seconds, times),
-                      gbps(double(g.stat.bytes), g.stat.seconds, times && bytes),
-                      gbps(bus, g.stat.seconds, times && bytes && sized)));
+      out += row(phase_name(ph), collective_name(g.op), g.group.empty() ? "-" : g.group,
+                 sized ? std::to_string(g.group_size) : "?", std::to_string(g.stat.count),
+                 bytes ? format_bytes(g.stat.bytes) : "-",
+                 bytes && sized ? format_bytes(std::uint64_t(bus + 0.5)) : "-",
+                 micros(g.stat.seconds, times),
+                 gbps(double(g.stat.bytes), g.stat.seconds, times && bytes),
+                 gbps(bus, g.stat.seconds, times && bytes && sized),
+                 micros(g.stat.estimate_s, bytes && sized));
       total += g.stat.count;
       total_bytes += g.stat.bytes;
       total_bus += bus;
       total_s += g.stat.seconds;
+      total_est += g.stat.estimate_s;
+      phase_est += g.stat.estimate_s;
       bus_known = bus_known && sized;
-      any = true;
+      any = phase_any = true;
     }
+    if (phase_any)
+      per_phase.push_back(fmt::format("{} {:.1f} us", phase_name(ph), phase_est * 1e6));
   }
   if (!any) out += "  (no collectives)\n";
-  out +=
-      trim(row("total", "", "", "", std::to_string(total), bytes ? format_bytes(total_bytes) : "-",
-               bytes && bus_known ? format_bytes(std::uint64_t(total_bus + 0.5)) : "-",
-               micros(total_s, times), "", ""));
+  out += row("total", "", "", "", std::to_string(total), bytes ? format_bytes(total_bytes) : "-",
+             bytes && bus_known ? format_bytes(std::uint64_t(total_bus + 0.5)) : "-",
+             micros(total_s, times), "", "", micros(total_est, bytes && bus_known));
   if (!bytes) {
     out += "  (a PyTorch CommDebugMode dump holds counts only: no bytes, groups or times)\n";
   } else if (!times) {
     out += fmt::format("  (no times: {} moves no data)\n",
                        metadata_of(t, "device") == "meta" ? "the meta device" : "the fake backend");
+  }
+  if (cost && bytes && bus_known) {
+    out += fmt::format("estimated on {} ({}): {}; iteration {:.1f} us\n", cost->topology().name,
+                       cost->topology().description, fmt::join(per_phase, ", "), total_est * 1e6);
   }
   return out;
 }

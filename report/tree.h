@@ -1,6 +1,7 @@
 // commtrace's own text report: the module tree with, per phase, the collectives (count, bytes,
 // group) and at higher noise the ops with shapes, shardings and mesh; the reasons with
-// `explain`; and the per-iteration summary (op, count, bytes, group size, busbw factor).
+// `explain`; and the per-iteration summary (op, count, bytes, bus bytes, time, bandwidth, and
+// with a topology the cost model's estimate).
 #pragma once
 
 #include <string>
@@ -9,14 +10,18 @@
 
 namespace commtrace {
 
+class TraceCost;
+
 struct TreeOptions {
   int noise = 0;
   bool explain = false;  // the reason of every collective (also shown at noise >= 1)
   bool color = false;
+  const TraceCost* cost = nullptr;  // estimated times per module and phase (--topology)
 };
 
 std::string render_tree(const Trace& t, const TreeOptions& options);
-// Per iteration (counts and bytes divided by metadata "iterations").
-std::string render_summary(const Trace& t);
+// Per iteration (counts and bytes divided by metadata "iterations"); with `cost`, an estimated
+// time per row, per phase and for the iteration.
+std::string render_summary(const Trace& t, const TraceCost* cost = nullptr);
 
 }  // namespace commtrace

@@ -12,7 +12,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 seconds="${1:-60}"
 build=build-fuzz
-targets=(trace torch baseline plan model kineto)
+targets=(trace torch baseline plan model kineto topology)
 
 CC=clang CXX=clang++ BUILD_DIR="$build" \
   CMAKE_ARGS="-DCOMMTRACE_FUZZ=ON -DCOMMTRACE_WITH_CUDA=OFF -DCOMMTRACE_WITH_MPI=OFF -DCOMMTRACE_BUILD_BENCH=OFF -DCOMMTRACE_BUILD_TESTS=OFF" \
@@ -54,6 +54,7 @@ json.dump(d, open(sys.argv[2], "w"))
 PY
 done
 cp tests/kineto/data/toy_tp_w2/rank0.json.gz "$corpus/kineto/"
+cp samples/topologies/*.json "$corpus/topology/"
 
 for t in "${targets[@]}"; do
   echo "fuzz: $t for ${seconds}s"

@@ -2,7 +2,8 @@
 // parses the bytes as that file and, when they parse, walks the result the way the CLI would.
 // Bad input must end in commtrace::Error (a clear message, exit 2 in the CLI); anything else
 // (another exception, a crash, a sanitizer report, a hang) is a finding. One source, one binary
-// per reader: COMMTRACE_FUZZ_TARGET selects which (trace, torch, baseline, plan, model, kineto).
+// per reader: COMMTRACE_FUZZ_TARGET selects which (trace, torch, baseline, plan, model, kineto,
+// topology).
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -10,6 +11,7 @@
 #include "parallel/nn/models.h"
 #include "parallel/plans/style.h"
 #include "report/baseline.h"
+#include "report/cost.h"
 #include "report/kineto.h"
 #include "report/torch_compat.h"
 #include "report/trace_json.h"
@@ -55,8 +57,11 @@ void run(const std::string& text) {
   const Trace t = read_kineto_trace(text, "fuzz.json", 0);
   walk(t);
   (void)trace_json_string({t});
+#elif COMMTRACE_FUZZ_TARGET == 7
+  const Topology topo = topology_from_json(text, "fuzz.json");
+  (void)estimate_collective(Collective::AllReduce, 1 << 20, 8, true, topo);
 #else
-#error "COMMTRACE_FUZZ_TARGET must be 1 (trace) .. 6 (kineto)"
+#error "COMMTRACE_FUZZ_TARGET must be 1 (trace) .. 7 (topology)"
 #endif
 }
 
