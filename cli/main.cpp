@@ -24,6 +24,7 @@
 #include "parallel/run/runner.h"
 #include "parallel/run/train.h"
 #include "report/baseline.h"
+#include "report/chrome_trace.h"
 #include "report/consistency.h"
 #include "report/cost.h"
 #include "report/diff.h"
@@ -273,7 +274,8 @@ struct ViewArgs {
   int noise = 0;
   bool explain = false;
   std::string compat;
-  std::string topology;  // a preset or a topology JSON file
+  std::string topology;      // a preset or a topology JSON file
+  std::string chrome_trace;  // --chrome-trace FILE
 
   void add_to(CLI::App* c) {
     c->add_option("--noise", noise,
@@ -285,6 +287,20 @@ struct ViewArgs {
     c->add_option("--compat", compat, "torch: CommDebugMode's table layout")
         ->check(one_of({"torch"}));
     add_topology_option(c, topology);
+    c->add_option("--chrome-trace", chrome_trace,
+                  "Write the timeline as Chrome trace-event JSON (Perfetto, chrome://tracing): "
+                  "measured times, or the cost model's (--topology, default h100) where none "
+                  "were measured");
+  }
+  // --chrome-trace: every traced rank's timeline, written through a temporary file.
+  void write_timeline(const std::vector<Trace>& traces, std::FILE* report) const {
+    if (chrome_trace.empty()) return;
+    AtomicFile f(chrome_trace);
+    write_chrome_trace(traces, load_topology(topology.empty() ? "h100" : topology),
+                       [&](std::string_view s) { f.write(s); });
+    f.commit();
+    fmt::print(report, "wrote {} (Chrome trace events, {} rank{})\n", chrome_trace, traces.size(),
+               traces.size() == 1 ? "" : "s");
   }
   void print(const Trace& t, std::FILE* out = stdout) const {
     const bool color = out == stdout && use_color();
@@ -467,6 +483,7 @@ int cmd_run(RunArgs& a) {
     fmt::print(head, "wrote {}/rank-<r>.json ({} rank{}, one file each; join with merge)\n",
                a.per_rank_dir, traces.size(), traces.size() == 1 ? "" : "s");
   }
+  a.view.write_timeline(traces, head);
   int rc = all ? print_consistency(traces, head) : 0;
   if (!a.expect.empty()) {
     const CheckResult r = check_expectations(t, a.expect);
@@ -560,6 +577,7 @@ int cmd_show(ShowArgs& a) {
   const std::vector<Trace> traces = load_traces(a.file);
   const bool all = a.rank == "all";
   a.view.print(pick_rank(traces, all ? traces.front().rank : std::stoi(a.rank), a.file));
+  a.view.write_timeline(traces, stdout);
   return all ? print_consistency(traces, stdout) : 0;
 }
 

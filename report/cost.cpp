@@ -24,14 +24,17 @@ struct Preset {
   const char* description;
   int gpus_per_node;
   const Link* intra;
+  double tflops_bf16, tflops_f32, tflops_f64;  // dense: BF16 tensor, FP32, FP64 tensor
 };
 constexpr Preset kPresets[] = {
     {"h100", "8 H100/H200 SXM GPUs per node on NVLink4 and NVSwitch; NDR InfiniBand between nodes",
-     8, &kNvlink4},
+     8, &kNvlink4, 989, 67, 67},
     {"h200", "8 H100/H200 SXM GPUs per node on NVLink4 and NVSwitch; NDR InfiniBand between nodes",
-     8, &kNvlink4},
-    {"pcie", "8 GPUs per node on PCIe Gen5 x16; NDR InfiniBand between nodes", 8, &kPcie5},
-    {"ib", "one GPU per node: every group spans nodes over NDR InfiniBand", 1, &kNdrIb},
+     8, &kNvlink4, 989, 67, 67},
+    {"pcie", "8 H100 PCIe GPUs per node on PCIe Gen5 x16; NDR InfiniBand between nodes", 8, &kPcie5,
+     756, 51, 51},
+    {"ib", "one H100 SXM GPU per node: every group spans nodes over NDR InfiniBand", 1, &kNdrIb,
+     989, 67, 67},
 };
 
 Topology make(const Preset& p) {
@@ -43,6 +46,9 @@ Topology make(const Preset& p) {
   t.inter = kNdrIb;
   t.base_ring_s = 6.6 * kUs;
   t.base_tree_s = 6.8 * kUs;
+  t.gemm_flops_bf16 = p.tflops_bf16 * 1e12;
+  t.gemm_flops_f32 = p.tflops_f32 * 1e12;
+  t.gemm_flops_f64 = p.tflops_f64 * 1e12;
   return t;
 }
 
@@ -79,7 +85,7 @@ Topology topology_from_json(const std::string& text, const std::string& source) 
   rd.check_header(root, "commtrace.topology", {{1, 0}}, "topology");
   rd.check_keys(root, top,
                 {"schema", "version", "name", "description", "gpus_per_node", "intra", "inter",
-                 "base_latency_us"});
+                 "base_latency_us", "gemm_tflops"});
   Topology t;
   t.name = rd.str(rd.at(root, "name", top), top.key("name"));
   if (const Json* d = rd.find(root, "description"))
@@ -96,6 +102,19 @@ Topology topology_from_json(const std::string& text, const std::string& source) 
     t.base_ring_s = rd.number(rd.at(*b, "ring", bp), bp.key("ring")) * kUs;
     t.base_tree_s = rd.number(rd.at(*b, "tree", bp), bp.key("tree")) * kUs;
     if (t.base_ring_s < 0 || t.base_tree_s < 0) rd.fail(bp, "a negative latency");
+  }
+  if (const Json* g = rd.find(root, "gemm_tflops")) {
+    const JsonPath gp = top.key("gemm_tflops");
+    rd.object(*g, gp);
+    rd.check_keys(*g, gp, {"bf16", "f32", "f64"});
+    for (auto [key, field] :
+         {std::pair{"bf16", &t.gemm_flops_bf16}, std::pair{"f32", &t.gemm_flops_f32},
+          std::pair{"f64", &t.gemm_flops_f64}}) {
+      if (const Json* v = rd.find(*g, key)) {
+        *field = rd.number(*v, gp.key(key)) * 1e12;
+        if (*field < 0) rd.fail(gp.key(key), "a negative rate");
+      }
+    }
   }
   return t;
 }
@@ -155,6 +174,20 @@ CostEstimate estimate_collective(Collective op, std::uint64_t bytes, int n, bool
       break;
   }
   return e;
+}
+
+double estimate_gemm(const Trace& t, const Record& r, const Topology& topo) {
+  if (r.kind != EventKind::Gemm || r.n_inputs < 2) return 0;
+  const auto ins = t.inputs(r);
+  const auto a = t.shape(ins[ins.size() - 2].shape), b = t.shape(ins.back().shape);
+  if (a.empty() || b.empty()) return 0;
+  double elements = 1;
+  for (const std::int64_t d : a) elements *= double(d);
+  const double flops = 2 * elements * double(b.back());
+  const double rate = r.dtype == DType::BF16  ? topo.gemm_flops_bf16
+                      : r.dtype == DType::F64 ? topo.gemm_flops_f64
+                                              : topo.gemm_flops_f32;
+  return rate > 0 ? flops / rate : 0;
 }
 
 TraceCost::TraceCost(const Trace& t, const Topology& topo) : t_(t), topo_(topo) {

@@ -32,6 +32,9 @@ struct Topology {
   Link intra, inter;       // within a node; between nodes
   double base_ring_s = 0;  // per call, ring algorithms
   double base_tree_s = 0;  // per call, tree algorithms
+  // A GPU's dense GEMM rate per dtype (FLOP/s): laying out a timeline of a run that measured no
+  // time (fake backend, meta device).
+  double gemm_flops_bf16 = 0, gemm_flops_f32 = 0, gemm_flops_f64 = 0;
 };
 
 // The built-in presets' names, and a preset or a topology JSON file by name (InvalidArgument
@@ -49,6 +52,10 @@ struct CostEstimate {
 // REQUIRES n >= 1.
 CostEstimate estimate_collective(Collective op, std::uint64_t bytes, int n, bool spans_nodes,
                                  const Topology& topo);
+
+// A GEMM record's time: 2·(the elements of its left operand)·(its right operand's last dim)
+// FLOPs at the topology's rate for its dtype; 0 for another record or an unknown rate.
+double estimate_gemm(const Trace& t, const Record& r, const Topology& topo);
 
 // Estimates for a trace's records: whether a collective's group spans nodes comes from the run's
 // mesh (metadata "mesh": row-major ranks, this trace's rank) and the group's mesh dim; without a

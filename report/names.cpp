@@ -65,4 +65,19 @@ std::string format_bytes(std::uint64_t b) {
   return fmt::format("{:.3g} {}", v, units[u]);
 }
 
+std::string tensor_arg_str(const Trace& t, const TensorArg& a, bool sharded) {
+  if (!sharded || a.placements == 0) return shape_str(t.shape(a.shape));
+  return fmt::format("{} {}", shape_str(t.shape(a.global_shape)),
+                     placements_str(t.placements(a.placements)));
+}
+
+std::string reason_str(const Trace& t, const Record& r) {
+  std::string why = r.reason == 0 ? "(no reason recorded)" : std::string(t.str(r.reason));
+  if (r.collective.before != 0 || r.collective.after != 0) {
+    why += fmt::format(": {} → {}", placements_str(t.placements(r.collective.before)),
+                       placements_str(t.placements(r.collective.after)));
+  }
+  return why;
+}
+
 }  // namespace commtrace

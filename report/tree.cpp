@@ -34,12 +34,6 @@ bool shown_at(const Record& r, int noise) {
   return noise >= (r.sharded ? 1 : 2);
 }
 
-std::string arg_str(const Trace& t, const TensorArg& a, bool sharded) {
-  if (!sharded || a.placements == 0) return shape_str(t.shape(a.shape));
-  return fmt::format("{} {}", shape_str(t.shape(a.global_shape)),
-                     placements_str(t.placements(a.placements)));
-}
-
 std::string collective_line(const Trace& t, const Record& r, std::uint32_t repeat) {
   const CollectiveInfo& c = r.collective;
   const auto ins = t.inputs(r);
@@ -56,15 +50,6 @@ std::string collective_line(const Trace& t, const Record& r, std::uint32_t repea
                                  format_bytes(c.bytes), t.str(c.group), c.group_size, peer);
   if (repeat > 1) line += fmt::format("  (×{}, every iteration)", repeat);
   return line;
-}
-
-std::string why_line(const Trace& t, const Record& r) {
-  std::string why = r.reason == 0 ? "(no reason recorded)" : std::string(t.str(r.reason));
-  if (r.collective.before != 0 || r.collective.after != 0) {
-    why += fmt::format(": {} → {}", placements_str(t.placements(r.collective.before)),
-                       placements_str(t.placements(r.collective.after)));
-  }
-  return why;
 }
 
 // (collective name, group, size) order: the order rows are listed in.
@@ -139,12 +124,12 @@ std::string render_tree(const Trace& t, const TreeOptions& o) {
         if (r->kind == EventKind::Collective) {
           if (!explain) continue;
           out += fmt::format("{}      {}\n", pad, st.detail(collective_line(t, *r, repeat)));
-          out += fmt::format("{}        why: {}\n", pad, why_line(t, *r));
+          out += fmt::format("{}        why: {}\n", pad, reason_str(t, *r));
           continue;
         }
         if (!shown_at(*r, o.noise)) continue;
         std::vector<std::string> ins;
-        for (const TensorArg& a : t.inputs(*r)) ins.push_back(arg_str(t, a, r->sharded));
+        for (const TensorArg& a : t.inputs(*r)) ins.push_back(tensor_arg_str(t, a, r->sharded));
         std::string detail = fmt::format("  {}", fmt::join(ins, ", "));
         if (r->sharded && r->mesh != kNoMesh) detail += "  " + mesh_str(t.pools.mesh(r->mesh));
         if (repeat > 1) detail += fmt::format("  ×{}", repeat);
