@@ -276,6 +276,7 @@ struct ViewArgs {
   std::string compat;
   std::string topology;      // a preset or a topology JSON file
   std::string chrome_trace;  // --chrome-trace FILE
+  bool memory = false;       // --memory: per module
 
   void add_to(CLI::App* c) {
     c->add_option("--noise", noise,
@@ -287,6 +288,9 @@ struct ViewArgs {
     c->add_option("--compat", compat, "torch: CommDebugMode's table layout")
         ->check(one_of({"torch"}));
     add_topology_option(c, topology);
+    c->add_flag("--memory", memory,
+                "Memory per module: parameters, gradients, optimizer state, activations saved for "
+                "backward");
     c->add_option("--chrome-trace", chrome_trace,
                   "Write the timeline as Chrome trace-event JSON (Perfetto, chrome://tracing): "
                   "measured times, or the cost model's (--topology, default h100) where none "
@@ -313,6 +317,10 @@ struct ViewArgs {
     const TraceCost* c = cost ? &*cost : nullptr;
     fmt::print(out, "{}\n{}", render_tree(t, TreeOptions{noise, explain, color, c}),
                render_summary(t, c));
+    if (memory) {
+      const std::string m = render_memory(t);
+      fmt::print(out, "\n{}", m.empty() ? "(the trace holds no memory figures)\n" : m);
+    }
   }
 };
 

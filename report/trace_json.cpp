@@ -1,10 +1,10 @@
-// commtrace's own trace format (DESIGN §3). Version 2.0: per rank, the meshes, the module tree
-// and the blocks of records; placements as lists of "Shard(dim=0)"-style strings; keys with
-// their default value are omitted (overload "default", sharded false, no mesh, no reason, and
-// in a collective: no reduce op, seq_stride 0, peer and root -1, no placements). Version 1.x
-// (earlier releases) held display strings; they are parsed back into data. The reader is strict:
-// a missing or mistyped field, an unknown enum name or a broken module link is an Error naming
-// the source and the JSON path, never a crash.
+// commtrace's own trace format (DESIGN §3). Version 2.1: per rank, the meshes, the module tree,
+// the blocks of records and the memory per module (2.1); placements as lists of
+// "Shard(dim=0)"-style strings; keys with their default value are omitted (overload "default",
+// sharded false, no mesh, no reason, and in a collective: no reduce op, seq_stride 0, peer and root
+// -1, no placements). Version 1.x (earlier releases) held display strings; they are parsed back
+// into data. The reader is strict: a missing or mistyped field, an unknown enum name or a broken
+// module link is an Error naming the source and the JSON path, never a crash.
 #include "report/trace_json.h"
 
 #include <limits>
@@ -144,6 +144,15 @@ void write_rank(JsonWriter& w, const Trace& t, const std::map<std::string, std::
     w.end_array().end_object();
   }
   w.end_array();
+  if (!t.memory.empty()) {
+    // Per module [params, grads, optimizer, activations] bytes (2.1).
+    w.key("memory").begin_object().key("peak").value(t.memory_peak).key("modules").begin_array();
+    for (const ModuleMemory& m : t.memory) {
+      w.begin_array().value(m.params).value(m.grads).value(m.optimizer).value(m.activations);
+      w.end_array();
+    }
+    w.end_array().end_object();
+  }
   w.end_object();
 }
 
@@ -155,7 +164,7 @@ class TraceReader {
 
   std::vector<Trace> read(const Json& root) {
     const JsonPath top;
-    major_ = rd_.check_header(root, kTraceSchema, {{1, 0}, {2, 0}}, "trace");
+    major_ = rd_.check_header(root, kTraceSchema, {{1, 0}, {2, 1}}, "trace");
     rd_.check_keys(root, top, {"schema", "version", "metadata", "ranks"});
     const auto metadata = read_metadata(rd_.at(root, "metadata", top), top.key("metadata"));
     const JsonPath rpath = top.key("ranks");
@@ -169,7 +178,7 @@ class TraceReader {
       if (major_ == 1) {
         rd_.check_keys(rj, p, {"rank", "metadata", "modules", "records"});
       } else {
-        rd_.check_keys(rj, p, {"rank", "metadata", "meshes", "modules", "blocks"});
+        rd_.check_keys(rj, p, {"rank", "metadata", "meshes", "modules", "blocks", "memory"});
       }
       Trace t;
       t.rank = rd_.int32(rd_.at(rj, "rank", p), p.key("rank"), 0);
@@ -189,6 +198,7 @@ class TraceReader {
         }
       } else {
         read_blocks(rd_.at(rj, "blocks", p), p.key("blocks"), t);
+        if (const Json* m = rd_.find(rj, "memory")) read_memory(*m, p.key("memory"), t);
       }
       traces.push_back(std::move(t));
     }
@@ -196,6 +206,26 @@ class TraceReader {
   }
 
  private:
+  void read_memory(const Json& j, const JsonPath& p, Trace& t) const {
+    rd_.object(j, p);
+    rd_.check_keys(j, p, {"peak", "modules"});
+    t.memory_peak = rd_.unsigned_integer(rd_.at(j, "peak", p), p.key("peak"));
+    const JsonPath mp = p.key("modules");
+    const Json& mods = rd_.array(rd_.at(j, "modules", p), mp);
+    if (mods.size() != t.modules.size()) {
+      rd_.fail(mp, fmt::format("{} entries for {} modules", mods.size(), t.modules.size()));
+    }
+    for (std::size_t i = 0; i < mods.size(); ++i) {
+      const JsonPath q = mp.index(i);
+      const Json& m = rd_.array(mods[i], q);
+      if (m.size() != 4) rd_.fail(q, "expected [params, grads, optimizer, activations]");
+      const JsonPath q0 = q.index(0), q1 = q.index(1), q2 = q.index(2), q3 = q.index(3);
+      t.memory.push_back(
+          ModuleMemory{rd_.unsigned_integer(m[0], q0), rd_.unsigned_integer(m[1], q1),
+                       rd_.unsigned_integer(m[2], q2), rd_.unsigned_integer(m[3], q3)});
+    }
+  }
+
   std::map<std::string, std::string> read_metadata(const Json& j, const JsonPath& path) const {
     rd_.object(j, path);
     std::map<std::string, std::string> md;

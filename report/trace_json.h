@@ -1,7 +1,7 @@
-// commtrace's own trace format: versioned JSON ("schema": "commtrace.trace", "version": "2.0";
+// commtrace's own trace format: versioned JSON ("schema": "commtrace.trace", "version": "2.1";
 // minor = field added, major = field changed) holding every traced rank's module tree, meshes
 // and records (blocks of iterations, a repeated block stored once with its repeat count), and
-// the run's metadata. Written streamed, compact unless pretty. The reader takes 2.x and the
+// the run's metadata, and (2.1) each rank's memory per module. Written streamed, compact unless pretty. The reader takes 2.x and the
 // 1.x files of earlier releases (display strings parsed back into data).
 #pragma once
 
@@ -14,7 +14,7 @@
 namespace commtrace {
 
 inline constexpr const char* kTraceSchema = "commtrace.trace";
-inline constexpr const char* kTraceVersion = "2.0";
+inline constexpr const char* kTraceVersion = "2.1";
 
 // REQUIRES: at least one trace. Metadata comes from traces[0].metadata.
 void write_trace_json(const std::vector<Trace>& traces, const JsonWriter::Sink& sink,

@@ -153,6 +153,63 @@ std::string gbps(double bytes, double seconds, bool known) {
 
 }  // namespace
 
+namespace {
+
+// Each module's memory with its descendants', by module index.
+std::vector<ModuleMemory> rolled_up_memory(const Trace& t) {
+  std::vector<ModuleMemory> up(t.modules.size());
+  if (t.memory.size() != t.modules.size()) return up;
+  const auto order = module_preorder(t);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {  // children before parents
+    const int m = it->first;
+    ModuleMemory& u = up[std::size_t(m)];
+    const ModuleMemory& own = t.memory[std::size_t(m)];
+    u.params += own.params, u.grads += own.grads, u.optimizer += own.optimizer;
+    u.activations += own.activations;
+    const int parent = t.modules[std::size_t(m)].parent;
+    if (m == 0 || parent < 0 || parent >= int(t.modules.size())) continue;
+    ModuleMemory& p = up[std::size_t(parent)];
+    p.params += u.params, p.grads += u.grads, p.optimizer += u.optimizer;
+    p.activations += u.activations;
+  }
+  return up;
+}
+
+}  // namespace
+
+std::uint64_t memory_peak(const Trace& t) {
+  const ModuleMemory m = memory_total(t);
+  return m.params + m.optimizer + t.memory_peak;
+}
+
+ModuleMemory memory_total(const Trace& t) {
+  const std::vector<ModuleMemory> up = rolled_up_memory(t);
+  return up.empty() ? ModuleMemory{} : up[0];
+}
+
+std::string render_memory(const Trace& t) {
+  if (t.memory.empty()) return "";
+  const std::vector<ModuleMemory> up = rolled_up_memory(t);
+  std::size_t w = 6;
+  const auto order = module_preorder(t);
+  for (const auto& [m, depth] : order) {
+    w = std::max(w, t.modules[std::size_t(m)].fqn.size() + std::size_t(2 * depth));
+  }
+  std::string out =
+      fmt::format("memory of rank {} per module (a module includes its descendants):\n", t.rank);
+  out += fmt::format("  {:<{}} {:>12} {:>12} {:>12} {:>12}\n", "module", w, "parameters",
+                     "gradients", "optimizer", "activations");
+  for (const auto& [m, depth] : order) {
+    const ModuleMemory& u = up[std::size_t(m)];
+    if (u == ModuleMemory{} && m != 0) continue;
+    out += fmt::format("  {:<{}} {:>12} {:>12} {:>12} {:>12}\n",
+                       std::string(std::size_t(2 * depth), ' ') + t.modules[std::size_t(m)].fqn, w,
+                       format_bytes(u.params), format_bytes(u.grads), format_bytes(u.optimizer),
+                       format_bytes(u.activations));
+  }
+  return out;
+}
+
 std::string render_summary(const Trace& t, const TraceCost* cost) {
   const int iters = trace_iterations(t);
   const CountTree counts = collective_counts_per_iteration(t, cost);
@@ -229,6 +286,15 @@ std::string render_summary(const Trace& t, const TraceCost* cost) {
   } else if (!times) {
     out += fmt::format("  (no times: {} moves no data)\n",
                        metadata_of(t, "device") == "meta" ? "the meta device" : "the fake backend");
+  }
+  if (!t.memory.empty()) {
+    const ModuleMemory m = memory_total(t);
+    out += fmt::format(
+        "memory of rank {}: parameters {}, gradients {}, optimizer state {}, activations saved for "
+        "backward {}; peak {} (parameters, optimizer state and the iteration's allocations at "
+        "their most)\n",
+        t.rank, format_bytes(m.params), format_bytes(m.grads), format_bytes(m.optimizer),
+        format_bytes(m.activations), format_bytes(memory_peak(t)));
   }
   if (cost && bytes && bus_known) {
     out += fmt::format("estimated on {} ({}): {}; iteration {:.1f} us\n", cost->topology().name,

@@ -23,5 +23,13 @@ std::string render_tree(const Trace& t, const TreeOptions& options);
 // Per iteration (counts and bytes divided by metadata "iterations"); with `cost`, an estimated
 // time per row, per phase and for the iteration.
 std::string render_summary(const Trace& t, const TraceCost* cost = nullptr);
+// The rank's memory per module, rolled up (a module includes its descendants): parameters,
+// gradients, optimizer state, activations saved for backward; "" when the trace has none.
+std::string render_memory(const Trace& t);
+// Global's memory rolled up (the rank's totals); zeros when the trace has none.
+ModuleMemory memory_total(const Trace& t);
+// The rank's peak: parameters and optimizer state, and the iteration's own allocations at their
+// most (activations, temporaries, gradients).
+std::uint64_t memory_peak(const Trace& t);
 
 }  // namespace commtrace

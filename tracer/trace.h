@@ -228,6 +228,15 @@ class TracePools {
   std::vector<MeshInfo> meshes_;
 };
 
+// A module's own memory on this rank, in bytes (not rolled up): its parameters as stored between
+// steps (FSDP: the local chunks), their gradients, the optimizer's state for them, and what its
+// forward left allocated for backward (the activations saved for backward, at their peak: when
+// backward begins).
+struct ModuleMemory {
+  std::uint64_t params = 0, grads = 0, optimizer = 0, activations = 0;
+  bool operator==(const ModuleMemory&) const = default;
+};
+
 struct Trace {
   int rank = 0;
   std::vector<ModuleNode> modules{ModuleNode{"Global", "", -1, 0, {}, {}}};
@@ -236,6 +245,11 @@ struct Trace {
   std::vector<Block> blocks;  // cover records in order; empty means one block of them all
   TracePools pools;
   std::map<std::string, std::string> metadata;  // model, plan, world size, mesh, device, ...
+  // Per module (index as modules), from the last traced iteration; empty when not measured.
+  std::vector<ModuleMemory> memory;
+  // The most bytes the iteration's own allocations held at once (activations, temporaries,
+  // gradients); the rank's peak is this plus the parameters and the optimizer state.
+  std::uint64_t memory_peak = 0;
 
   int find_module(const std::string& fqn) const;  // -1 when absent
   // True when `module` is `ancestor` or lies below it.

@@ -6,10 +6,12 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <unordered_set>
 
 #include "parallel/dtensor/loss.h"
 #include "parallel/nn/optim.h"
 #include "parallel/tensor/autograd.h"
+#include "parallel/tensor/memory.h"
 #include "parallel/tensor/ops.h"
 #include "tracer/tracer.h"
 
@@ -327,9 +329,10 @@ Tensor parameter_grad(const RankState& s, const std::string& name, const Tensor&
   return s.fsdp ? s.fsdp->unsharded_grad(name) : param.grad();
 }
 
-Tensor train_step(RankState& s, Optimizer& opt) {
+Tensor train_step(RankState& s, Optimizer& opt, MemoryLedger* mem) {
   opt.zero_grad();
   StepOut step = forward_loss(s);
+  if (mem) mem->mark_forward_end();
   if (s.dp && !s.fsdp && s.ddp.cap_mb >= 0 && !s.ddp.rebuilt) {  // DDP learns the ready order
     const GradReadyRecorder ready(s.ddp.ready);
     step.loss.backward();
@@ -353,6 +356,38 @@ Tensor gather_full(RankState& s, const Tensor& x, bool dp_sliced) {
   shape[0] *= dp;
   Tensor out = Tensor::empty(shape, full.dtype(), full.device());
   s.dp->all_gather(full, out);
+  return out;
+}
+
+std::vector<ModuleMemory> module_memory(const RankState& s, const Trace& t,
+                                        const MemoryLedger& mem) {
+  std::vector<ModuleMemory> out(t.modules.size());
+  const int dp = s.fsdp && s.dp ? s.dp->size() : 1;
+  // Bytes a parameter holds between steps: its local tensor, or FSDP's padded dim-0 chunk of it.
+  auto stored = [&](const Tensor& param) -> std::uint64_t {
+    const Tensor p = is_dtensor(param) ? dist_of(param).local : param;  // this rank's shard
+    const std::uint64_t size = dtype_size(p.dtype());
+    if (dp == 1 || p.dim() == 0) return std::uint64_t(p.numel()) * size;
+    const std::int64_t rows = p.size(0), per_row = rows > 0 ? p.numel() / rows : 0;
+    return std::uint64_t((rows + dp - 1) / dp * per_row) * size;
+  };
+  std::unordered_set<const TensorImpl*> seen;  // a tied weight counts once, in its first module
+  for (const auto& [path, m] : s.model->named_modules()) {
+    const int idx = t.find_module(m->fqn());
+    if (idx < 0) continue;
+    ModuleMemory& mm = out[std::size_t(idx)];
+    for (const auto& [name, p] : m->local_parameters()) {
+      if (!p.defined() || !seen.insert(p.impl()).second) continue;
+      const std::uint64_t bytes = stored(p);
+      mm.params += bytes;
+      if (p.requires_grad()) {
+        mm.grads += dp > 1 || p.grad().defined() ? bytes : 0;
+        mm.optimizer += 2 * bytes;  // AdamW: exp_avg and exp_avg_sq
+      }
+    }
+  }
+  const std::vector<std::uint64_t>& saved = mem.saved_by_module();
+  for (std::size_t m = 0; m < saved.size() && m < out.size(); ++m) out[m].activations = saved[m];
   return out;
 }
 
@@ -389,12 +424,19 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
         const auto slot = std::find(traced.begin(), traced.end(), ctx.rank());
         Tracer tr(ctx.rank());
         std::vector<double> mine;
+        MemoryLedger mem;
+        const bool traced_here = slot != traced.end();
         for (int it = 0; it < opts.iters; ++it) {
           Tensor loss;
           {
             std::optional<TracerActivation> on;
-            if (slot != traced.end()) on.emplace(tr);
-            loss = train_step(s, opt);
+            std::optional<MemoryActivation> charged;
+            if (traced_here) {
+              on.emplace(tr);
+              charged.emplace(mem);
+              mem.begin_iteration();
+            }
+            loss = train_step(s, opt, traced_here ? &mem : nullptr);
           }
           tr.next_iteration();
           if (opts.on_iteration && ctx.rank() == traced.front())
@@ -406,6 +448,8 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
         }
         if (slot == traced.end()) return;
         Trace t = tr.take();
+        t.memory = module_memory(s, t, mem);
+        t.memory_peak = mem.iteration_peak();
         t.metadata = {{"model", cfg.model},
                       {"plan", cfg.plan},
                       {"world_size", std::to_string(cfg.world_size)},

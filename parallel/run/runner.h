@@ -97,7 +97,16 @@ class Optimizer;
 // One training iteration: zero_grad, forward and loss, backward, finish_backward, the optimizer
 // step.
 // Returns the loss (this rank's view).
-Tensor train_step(RankState& s, Optimizer& opt);
+class MemoryLedger;
+// With `mem`, its forward-end snapshot (the activations saved for backward) is taken between
+// the loss and backward.
+Tensor train_step(RankState& s, Optimizer& opt, MemoryLedger* mem = nullptr);
+
+// The rank's memory per module of trace t (an index of t.modules): parameters as stored (FSDP:
+// the padded local chunks), their gradients, AdamW's two moments, and the activations `mem`
+// saw forward leave for backward.
+std::vector<ModuleMemory> module_memory(const RankState& s, const Trace& t,
+                                        const MemoryLedger& mem);
 
 // Gathers x (plain or DTensor, a slice of dim 0 over "dp" when `dp_sliced`) to the full tensor.
 Tensor gather_full(RankState& s, const Tensor& x, bool dp_sliced);

@@ -2,6 +2,8 @@
 
 #include "kernels/backend.h"
 #include "parallel/tensor/autograd.h"
+#include "parallel/tensor/memory.h"
+#include "tracer/tracer.h"
 
 namespace commtrace {
 
@@ -30,6 +32,10 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   impl->dtype = dtype;
   impl->device = device;
   if (device != Device::Meta) impl->storage = std::make_shared<Storage>(bytes, device);
+  if (MemoryLedger* m = MemoryLedger::current()) {
+    const Tracer* tr = Tracer::current();
+    impl->charge = m->charge(bytes, tr ? tr->current_module() : 0);
+  }
   return Tensor(std::move(impl));
 }
 
@@ -145,6 +151,7 @@ Tensor Tensor::detach() const {
   const TensorImpl& t = checked();
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = t.storage;
+  impl->charge = t.charge;
   impl->offset = t.offset;
   impl->shape = t.shape;
   impl->dtype = t.dtype;

@@ -45,8 +45,9 @@ class Storage {
 };
 
 struct Node;
-struct DistSpec;     // parallel/dtensor.h
-struct ShardOrigin;  // parallel/dtensor.h
+struct MemoryCharge;  // parallel/tensor/memory.h
+struct DistSpec;      // parallel/dtensor.h
+struct ShardOrigin;   // parallel/dtensor.h
 
 // shape is fixed once the tensor is handed out (the trace caches its interned id).
 struct TensorImpl {
@@ -63,6 +64,7 @@ struct TensorImpl {
   // it): lets from_local() recover an uneven global shape without a collective.
   std::shared_ptr<const ShardOrigin> origin;
   ShapeCache trace_shape;  // the shape's id in the tracer that last recorded this tensor
+  std::shared_ptr<MemoryCharge> charge;  // with a MemoryLedger active: this allocation's bytes
 };
 
 class Tensor {

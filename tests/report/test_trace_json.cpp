@@ -196,7 +196,7 @@ TEST_CASE("trace json: repeated iterations are stored once", "[report][json]") {
 TEST_CASE("trace json: layout of the document", "[report][json]") {
   const json j = json::parse(text_of_toy_tp());
   REQUIRE(j["schema"] == "commtrace.trace");
-  REQUIRE(j["version"] == "2.0");
+  REQUIRE(j["version"] == "2.1");
   REQUIRE(j["metadata"]["model"] == "toy");
   REQUIRE(j["metadata"]["iterations"] == "1");
   REQUIRE(j["metadata"]["world_size"] == "4");
@@ -300,10 +300,10 @@ TEST_CASE("trace json: versions", "[report][json]") {
     REQUIRE(t[0].records.size() ==
             json::parse(text_of_toy_tp())["ranks"][0]["blocks"][0]["records"].size());
   }
-  SECTION("version 2.0 holds only known keys") {
+  SECTION("version 2.1 holds only known keys") {
     j["ranks"][0]["blocks"][0]["records"][2]["energy_j"] = 0.5;
     REQUIRE(message_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
-            "t.json: ranks[0].blocks[0].records[2]: unknown key 'energy_j' (not in version 2.0)");
+            "t.json: ranks[0].blocks[0].records[2]: unknown key 'energy_j' (not in version 2.1)");
   }
   SECTION("a malformed version") {
     for (const char* v : {"one", "1.banana", "2.", ".0", "2.0.1"}) {
