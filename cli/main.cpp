@@ -23,6 +23,7 @@
 #include "parallel/run/bench.h"
 #include "parallel/run/runner.h"
 #include "parallel/run/train.h"
+#include "report/advise.h"
 #include "report/baseline.h"
 #include "report/chrome_trace.h"
 #include "report/consistency.h"
@@ -504,6 +505,73 @@ int cmd_run(RunArgs& a) {
   return rc;
 }
 
+struct AdviseArgs {
+  std::string model = "transformer";
+  int world_size = 8;
+  std::string mesh;  // "", "DPxTP", or "all"
+  std::string data_parallel = "ddp";
+  std::vector<std::string> plans;  // plan files beside the built-in ones
+  std::string topology = "h100";
+  std::string format = "text";
+};
+
+// Every built-in plan of the model (and the files given) on the mesh (or every DPxTP split of
+// the world with --mesh all), traced shape-only on every rank, ranked by the cost model's time
+// and peak memory.
+int cmd_advise(AdviseArgs& a) {
+  const Topology topo = load_topology(a.topology);
+  const ModelEntry& entry = resolve_model(a.model);
+  std::vector<std::string> plans = builtin_plan_names(entry.family);
+  plans.insert(plans.end(), a.plans.begin(), a.plans.end());
+  std::vector<std::vector<int>> meshes;
+  if (a.mesh == "all") {
+    meshes.push_back({a.world_size});
+    for (int dp = 2; dp <= a.world_size; ++dp) {
+      if (a.world_size % dp == 0) meshes.push_back({dp, a.world_size / dp});
+    }
+  } else {
+    meshes.push_back(a.mesh.empty() ? std::vector<int>{a.world_size} : parse_mesh_shape(a.mesh));
+  }
+  std::vector<PlanCandidate> candidates;
+  for (const std::vector<int>& mesh : meshes) {
+    for (const std::string& plan : plans) {
+      PlanCandidate c;
+      c.plan = plan;
+      c.mesh = fmt::format("{}", fmt::join(mesh, "x"));
+      if (mesh.size() == 2) c.data_parallel = a.data_parallel;
+      TraceOptions o;
+      o.cfg.model = a.model;
+      o.cfg.plan = plan;
+      o.cfg.world_size = a.world_size;
+      o.cfg.backend = "fake";
+      o.cfg.module.device = Device::Meta;
+      if (mesh.size() == 2) o.cfg.mesh = mesh;
+      o.cfg.data_parallel = a.data_parallel;
+      for (int r = 0; r < a.world_size; ++r) o.ranks.push_back(r);
+      try {
+        c.traces = trace_run(o);
+      } catch (const Error& e) {
+        c.error = e.what();
+      }
+      candidates.push_back(std::move(c));
+    }
+  }
+  const std::vector<PlanAdvice> advice = rank_plans(candidates, topo);
+  if (a.format == "json") {
+    fmt::print("{}", advice_json(advice, a.model, a.world_size, topo));
+  } else {
+    fmt::print("{}", render_advice(
+                         advice, fmt::format("advise: {} on {} ranks, shape-only (meta "
+                                             "device, fake backend), times on {} ({})",
+                                             a.model, a.world_size, topo.name, topo.description)));
+  }
+  const bool any =
+      std::any_of(advice.begin(), advice.end(), [](const PlanAdvice& x) { return x.applies; });
+  COMMTRACE_CHECK(any, ErrorCode::InvalidArgument,
+                  "advise: no plan applies to {} on {} ranks (see above)", a.model, a.world_size);
+  return 0;
+}
+
 struct BenchArgs {
   ParallelArgs p;
   std::string backend = "threads";
@@ -939,6 +1007,26 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(one_of({"text", "json"}));
 
+  AdviseArgs advise_args;
+  auto* advise_cmd = app.add_subcommand(
+      "advise", "Rank every plan of a model by estimated comm time and peak memory per rank");
+  advise_cmd->add_option("--model", advise_args.model, "Zoo model or model JSON file")
+      ->capture_default_str();
+  advise_cmd->add_option("--world-size", advise_args.world_size, "Ranks")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  advise_cmd->add_option("--mesh", advise_args.mesh,
+                         "DPxTP (the plan on tp, data parallel on dp), or all: every DPxTP split");
+  advise_cmd->add_option("--data-parallel", advise_args.data_parallel, "ddp or fsdp on dp")
+      ->capture_default_str()
+      ->check(one_of({"ddp", "fsdp"}));
+  advise_cmd->add_option("--plan", advise_args.plans, "A plan file to rank too (repeatable)");
+  add_topology_option(advise_cmd, advise_args.topology);
+  advise_cmd->get_option("--topology")->capture_default_str();
+  advise_cmd->add_option("--format", advise_args.format, "text, or json for scripts")
+      ->capture_default_str()
+      ->check(one_of({"text", "json"}));
+
   BenchArgs bench_args;
   auto* bench_cmd =
       app.add_subcommand("bench", "Measure tracing cost and the threads backend's bandwidth");
@@ -998,6 +1086,7 @@ int main(int argc, char** argv) {
     if (*check_cmd) rc = cmd_check(check_args);
     if (*merge_cmd) rc = cmd_merge(merge_args);
     if (*kineto_cmd) rc = cmd_import_kineto(import_args);
+    if (*advise_cmd) rc = cmd_advise(advise_args);
     if (*bench_step_cmd) rc = cmd_bench_step(bench_args);
     if (*bench_ar_cmd) rc = cmd_bench_allreduce(bench_args);
   } catch (const Error& e) {

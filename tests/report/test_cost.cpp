@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "parallel/run/runner.h"
+#include "report/advise.h"
 #include "report/cost.h"
 #include "report/diff.h"
 #include "report/tree.h"
@@ -120,4 +121,38 @@ TEST_CASE("cost: estimates per collective, module, phase and iteration", "[repor
   const std::string diff = render_diff(diff_traces(t, sp, d));
   INFO(diff);
   CHECK(contains(diff, "estimated time per iteration on h100: forward 9.2 → "));
+}
+
+TEST_CASE("advise: plans ranked by estimated time and by peak memory", "[report][cost]") {
+  TraceOptions o;
+  o.cfg.model = "transformer";
+  o.cfg.world_size = 4;
+  o.cfg.backend = "fake";
+  o.cfg.module.device = Device::Meta;
+  o.ranks = {0, 1, 2, 3};
+  std::vector<PlanCandidate> c(3);
+  c[0].plan = "sp";
+  o.cfg.plan = "sp";
+  c[0].traces = trace_run(o);
+  c[1].plan = "tp";
+  o.cfg.plan = "tp";
+  c[1].traces = trace_run(o);
+  c[2].plan = "broken.json";
+  c[2].error = "pattern 'x' matches no module";
+  const Topology h = load_topology("h100");
+  const std::vector<PlanAdvice> a = rank_plans(c, h);
+  REQUIRE(a.size() == 3);
+  // The tiny transformer is latency-bound: TP's 16 calls beat SP's 33; SP saves memory.
+  CHECK(a[0].plan == "tp");
+  CHECK(a[0].time_rank == 1);
+  CHECK(a[0].memory_rank == 2);
+  CHECK(a[1].plan == "sp");
+  CHECK(a[1].memory_rank == 1);
+  CHECK(a[1].collectives == 33);
+  CHECK(a[1].comm_s > a[0].comm_s);
+  CHECK(a[1].peak_memory < a[0].peak_memory);
+  CHECK_FALSE(a[2].applies);
+  CHECK(a[2].time_rank == 0);
+  const std::string text = render_advice(a, "title");
+  CHECK(contains(text, "not applicable:\n  broken.json: pattern 'x' matches no module"));
 }
