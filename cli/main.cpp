@@ -29,6 +29,7 @@
 #include "report/consistency.h"
 #include "report/cost.h"
 #include "report/diff.h"
+#include "report/html.h"
 #include "report/kineto.h"
 #include "report/names.h"
 #include "report/torch_compat.h"
@@ -503,6 +504,25 @@ int cmd_run(RunArgs& a) {
     if (!r.ok) rc = 1;
   }
   return rc;
+}
+
+struct ReportArgs {
+  std::vector<std::string> files;
+  std::string out;
+  int rank = 0;
+  std::string topology = "h100";
+};
+
+// One self-contained HTML page of one trace, or two side by side.
+int cmd_report(ReportArgs& a) {
+  COMMTRACE_CHECK(a.files.size() == 1 || a.files.size() == 2, ErrorCode::InvalidArgument,
+                  "report: give one trace, or two to compare (got {})", a.files.size());
+  std::vector<HtmlSide> sides;
+  for (const std::string& f : a.files) sides.push_back(HtmlSide{f, load_traces(f)});
+  write_text_file(a.out, html_report(sides, a.rank, load_topology(a.topology)));
+  fmt::print("wrote {} ({}, rank {})\n", a.out,
+             a.files.size() == 1 ? a.files[0] : a.files[0] + " against " + a.files[1], a.rank);
+  return 0;
 }
 
 struct AdviseArgs {
@@ -1007,6 +1027,16 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(one_of({"text", "json"}));
 
+  ReportArgs report_args;
+  auto* report_cmd = app.add_subcommand(
+      "report", "Write a self-contained HTML report of a trace, or of two side by side");
+  report_cmd->add_option("traces", report_args.files, "One trace JSON, or two to compare")
+      ->required();
+  report_cmd->add_option("-o,--output", report_args.out, "The HTML file")->required();
+  report_cmd->add_option("--rank", report_args.rank, "Rank to show")->capture_default_str();
+  add_topology_option(report_cmd, report_args.topology);
+  report_cmd->get_option("--topology")->capture_default_str();
+
   AdviseArgs advise_args;
   auto* advise_cmd = app.add_subcommand(
       "advise", "Rank every plan of a model by estimated comm time and peak memory per rank");
@@ -1087,6 +1117,7 @@ int main(int argc, char** argv) {
     if (*merge_cmd) rc = cmd_merge(merge_args);
     if (*kineto_cmd) rc = cmd_import_kineto(import_args);
     if (*advise_cmd) rc = cmd_advise(advise_args);
+    if (*report_cmd) rc = cmd_report(report_args);
     if (*bench_step_cmd) rc = cmd_bench_step(bench_args);
     if (*bench_ar_cmd) rc = cmd_bench_allreduce(bench_args);
   } catch (const Error& e) {

@@ -45,27 +45,6 @@ std::string signed_bytes(std::int64_t d) {
   return fmt::format("{}{}", d >= 0 ? "+" : kMinus, format_bytes(magnitude));
 }
 
-// "toy tp (world 4)" from the metadata that is present.
-std::string describe(const Trace& t) {
-  std::vector<std::string> head, details;
-  const std::string model = metadata_of(t, "model"), plan = metadata_of(t, "plan");
-  // Built-in plans are named after their model ("toy tp"): do not repeat the model.
-  if (!model.empty() && plan.rfind(model + " ", 0) != 0) head.push_back(model);
-  if (!plan.empty()) head.push_back(plan);
-  if (is_torch_dump(t)) head.push_back("PyTorch CommDebugMode dump");
-  if (!metadata_of(t, "world_size").empty()) {
-    details.push_back("world " + metadata_of(t, "world_size"));
-  }
-  if (metadata_of(t, "input_requires_grad") == "true") details.push_back("input requires grad");
-  if (!metadata_of(t, "source").empty()) details.push_back(metadata_of(t, "source"));
-  const int iters = trace_iterations(t);
-  if (iters > 1) details.push_back(fmt::format("{} iterations", iters));
-  std::string s = fmt::format("{}", fmt::join(head, " "));
-  if (s.empty()) s = "trace";
-  if (!details.empty()) s += fmt::format(" ({})", fmt::join(details, ", "));
-  return s;
-}
-
 // Collectives of either side in table order.
 std::vector<Collective> op_union(const ModuleCounts* a, const ModuleCounts* b, Phase p) {
   std::vector<Collective> out;
@@ -96,8 +75,8 @@ DiffResult diff_traces(const Trace& a, const Trace& b, const DiffOptions& option
   d.per_iteration = std::max(trace_iterations(a), trace_iterations(b)) > 1;
   d.label_a = options.label_a;
   d.label_b = options.label_b;
-  d.desc_a = fmt::format("{}: {}", options.label_a, describe(a));
-  d.desc_b = fmt::format("{}: {}", options.label_b, describe(b));
+  d.desc_a = fmt::format("{}: {}", options.label_a, trace_description(a));
+  d.desc_b = fmt::format("{}: {}", options.label_b, trace_description(b));
   std::vector<Phase> phases{Phase::Forward, Phase::Backward};
   if (!d.torch) phases.insert(phases.end(), {Phase::Optimizer, Phase::Recompute});
 

@@ -4,6 +4,9 @@
 
 #include <charconv>
 
+#include <fmt/ranges.h>
+
+#include "report/counts.h"
 #include "tracer/collectives.h"
 
 namespace commtrace {
@@ -78,6 +81,26 @@ std::string reason_str(const Trace& t, const Record& r) {
                        placements_str(t.placements(r.collective.after)));
   }
   return why;
+}
+
+std::string trace_description(const Trace& t) {
+  std::vector<std::string> head, details;
+  const std::string model = metadata_of(t, "model"), plan = metadata_of(t, "plan");
+  // Built-in plans are named after their model ("toy tp"): do not repeat the model.
+  if (!model.empty() && plan.rfind(model + " ", 0) != 0) head.push_back(model);
+  if (!plan.empty()) head.push_back(plan);
+  if (is_torch_dump(t)) head.push_back("PyTorch CommDebugMode dump");
+  if (!metadata_of(t, "world_size").empty()) {
+    details.push_back("world " + metadata_of(t, "world_size"));
+  }
+  if (metadata_of(t, "input_requires_grad") == "true") details.push_back("input requires grad");
+  if (!metadata_of(t, "source").empty()) details.push_back(metadata_of(t, "source"));
+  const int iters = trace_iterations(t);
+  if (iters > 1) details.push_back(fmt::format("{} iterations", iters));
+  std::string s = fmt::format("{}", fmt::join(head, " "));
+  if (s.empty()) s = "trace";
+  if (!details.empty()) s += fmt::format(" ({})", fmt::join(details, ", "));
+  return s;
 }
 
 }  // namespace commtrace

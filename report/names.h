@@ -27,6 +27,8 @@ std::string format_bytes(std::uint64_t bytes);
 // A record's tensor argument: "[8, 10]", or for a sharded op "[8, 10] (Shard(dim=0),)" (the
 // global shape and the placements).
 std::string tensor_arg_str(const Trace& t, const TensorArg& a, bool sharded);
+// "toy tp (world 4, 2 iterations)": the trace's model and plan and the metadata that is present.
+std::string trace_description(const Trace& t);
 // Why a record happened: its reason, and for a redistribution "before → after" placements.
 std::string reason_str(const Trace& t, const Record& r);
 

@@ -8,6 +8,7 @@
 #   CMAKE_ARGS  extra arguments for the configure step, split on spaces
 #               (e.g. CMAKE_ARGS="-DCOMMTRACE_WITH_CUDA=OFF -DCOMMTRACE_BUILD_BENCH=OFF")
 #   TARGETS     targets to build, split on spaces (default: all)
+#   EXTRA_PACKAGES  more Debian packages to install, split on spaces (the test script's chromium)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -20,6 +21,8 @@ PACKAGES=(
   clang libclang-rt-dev  # libFuzzer and the sanitizers' runtimes for scripts/fuzz.sh
   libopenmpi-dev openmpi-bin  # one process per rank: the mpi launcher and backend
 )
+read -r -a extra_packages <<<"${EXTRA_PACKAGES:-}"
+PACKAGES+=("${extra_packages[@]}")
 
 # True when dpkg reports the package fully installed (not just "config-files" left behind).
 is_installed() {

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Builds commtrace (scripts/setup.sh) and runs the whole test suite with ctest, then the same
-# suite under AddressSanitizer + UndefinedBehaviorSanitizer and the threaded runtime's tests
-# (communicators, DTensor, styles, the runner's verify, the NCCL profiler plugin) under
-# ThreadSanitizer, each in its own
-# build directory, and last the libFuzzer targets of every reader (scripts/fuzz.sh,
-# FUZZ_SECONDS each, default 60). SANITIZERS=0 skips the sanitizer and fuzz builds. Exits
-# non-zero on the first failure.
+# Builds commtrace (scripts/setup.sh, with chromium for the HTML report's test) and runs the
+# whole test suite with ctest, then the same suite under AddressSanitizer +
+# UndefinedBehaviorSanitizer and the threaded code's tests (communicators, DTensor, styles, the
+# runner's verify, the NCCL profiler plugin) under ThreadSanitizer, each in its own build
+# directory, and last the libFuzzer targets of every reader (scripts/fuzz.sh, FUZZ_SECONDS each,
+# default 60). SANITIZERS=0 skips the sanitizer and fuzz builds. Exits non-zero on the first
+# failure.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 BUILD_DIR="${BUILD_DIR:-build}"
-bash scripts/setup.sh
+# chromium: the HTML report's test loads the page in headless Chromium.
+EXTRA_PACKAGES="chromium" bash scripts/setup.sh
 
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j2
 
