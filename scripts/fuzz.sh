@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # fuzz.sh [SECONDS]: builds the libFuzzer targets of every reader (build-fuzz/, clang, ASan +
-# UBSan) and runs each for SECONDS (default 60) on a seed corpus made from real outputs: traces,
+# UBSan; scripts/test.sh builds the test suite in the same directory) and runs each for SECONDS
+# (default 30) on a seed corpus made from real outputs: traces,
 # PyTorch dumps and baselines written by commtrace itself, the test data, the sample plans and
 # models. Exits non-zero when a target finds an input that crashes, trips a sanitizer, hangs
 # (10 s), or ends in anything but commtrace's own error; the input is kept in
@@ -10,12 +11,17 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-seconds="${1:-60}"
+# The fuzz build's configuration, shared with scripts/test.sh (fuzz.sh --cmake-args prints it).
+cmake_args="-DCOMMTRACE_FUZZ=ON -DCOMMTRACE_BUILD_TESTS=ON -DCOMMTRACE_WITH_CUDA=OFF -DCOMMTRACE_WITH_MPI=OFF -DCOMMTRACE_BUILD_BENCH=OFF"
+if [[ "${1:-}" == --cmake-args ]]; then
+  echo "$cmake_args"
+  exit 0
+fi
+seconds="${1:-30}"
 build=build-fuzz
 targets=(trace torch baseline plan model kineto topology)
 
-CC=clang CXX=clang++ BUILD_DIR="$build" \
-  CMAKE_ARGS="-DCOMMTRACE_FUZZ=ON -DCOMMTRACE_WITH_CUDA=OFF -DCOMMTRACE_WITH_MPI=OFF -DCOMMTRACE_BUILD_BENCH=OFF -DCOMMTRACE_BUILD_TESTS=OFF" \
+CC=clang CXX=clang++ BUILD_DIR="$build" CMAKE_ARGS="$cmake_args" \
   TARGETS="commtrace ${targets[*]/#/fuzz_}" bash scripts/setup.sh
 
 corpus="$build/corpus"

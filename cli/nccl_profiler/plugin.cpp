@@ -137,8 +137,6 @@ struct CallInfo {
 };
 
 // A Coll or P2p event, pending until its host enqueue stopped and its kernel channels reported.
-// Calls are recycled, never freed while the plugin lives: a channel event that arrives for a
-// finished call finds Tag::Free and is ignored.
 struct Call {
   Tag tag = Tag::Call;
   Call *prev = nullptr, *next = nullptr;  // the pending list
@@ -154,6 +152,33 @@ struct Channel {
   Tag tag = Tag::Channel;
   Call* call = nullptr;
   std::uint64_t start = 0;
+};
+
+// Objects handed to NCCL as handles are recycled, never freed while the plugin lives: a late
+// event for a finished one finds its tag Free. REQUIRES the caller's lock.
+template <class T>
+class Recycler {
+ public:
+  T* get() {
+    T* t;
+    if (free_.empty()) {
+      all_.push_back(std::make_unique<T>());
+      t = all_.back().get();
+    } else {
+      t = free_.back();
+      free_.pop_back();
+    }
+    *t = T{};
+    return t;
+  }
+  void put(T* t) {
+    t->tag = Tag::Free;
+    free_.push_back(t);
+  }
+
+ private:
+  std::vector<std::unique_ptr<T>> all_;
+  std::vector<T*> free_;
 };
 
 class Recorder {
@@ -274,8 +299,7 @@ class Recorder {
     if (tag == Tag::Channel) {
       auto* ch = static_cast<Channel*>(handle);
       Call* call = ch->call;
-      ch->tag = Tag::Free;
-      free_channels_.push_back(ch);
+      channel_pool_.put(ch);
       if (call->tag != Tag::Call) return kSuccess;  // kept already (its communicator finalized)
       ++call->channels_done;
       if (call->host_done && done_with_channels(*call)) complete(call);
@@ -365,30 +389,16 @@ class Recorder {
     auto* call = static_cast<Call*>(d->parentObj);
     if (!call || call->tag != Tag::Call) return kSuccess;
     ++call->channels_started;
-    Channel* ch;
-    if (free_channels_.empty()) {
-      channel_pool_.push_back(std::make_unique<Channel>());
-      ch = channel_pool_.back().get();
-    } else {
-      ch = free_channels_.back();
-      free_channels_.pop_back();
-    }
-    *ch = Channel{Tag::Channel, call, d->kernelCh.pTimer};
+    Channel* ch = channel_pool_.get();
+    ch->call = call;
+    ch->start = d->kernelCh.pTimer;
     *handle = ch;
     return kSuccess;
   }
 
   // REQUIRES mu_. A fresh call at the head of the pending list.
   Call* new_call() {
-    Call* c;
-    if (free_.empty()) {
-      pool_.push_back(std::make_unique<Call>());
-      c = pool_.back().get();
-    } else {
-      c = free_.back();
-      free_.pop_back();
-      *c = Call{};  // tag Call again
-    }
+    Call* c = call_pool_.get();
     c->next = pending_;
     if (pending_) pending_->prev = c;
     pending_ = c;
@@ -399,8 +409,7 @@ class Recorder {
   void release(Call* c) {
     (c->prev ? c->prev->next : pending_) = c->next;
     if (c->next) c->next->prev = c->prev;
-    c->tag = Tag::Free;
-    free_.push_back(c);
+    call_pool_.put(c);
   }
 
   // Every channel the call announced reported, and none is still open.
@@ -551,11 +560,9 @@ class Recorder {
   TracePools pools_;  // group and collective names
   std::vector<std::unique_ptr<Comm>> comms_;
   std::unordered_set<Comm*> live_;
-  Call* pending_ = nullptr;                  // started, not yet kept
-  std::vector<std::unique_ptr<Call>> pool_;  // every call object, pending or free
-  std::vector<Call*> free_;
-  std::vector<std::unique_ptr<Channel>> channel_pool_;  // as calls: recycled, never freed
-  std::vector<Channel*> free_channels_;
+  Call* pending_ = nullptr;  // started, not yet kept
+  Recycler<Call> call_pool_;
+  Recycler<Channel> channel_pool_;
   std::array<StrId, kCollectiveCount> names_{};
   PointerCache<const CollectiveSpec*> funcs_;
   PointerCache<std::pair<DType, std::size_t>> types_;

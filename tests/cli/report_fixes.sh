@@ -4,21 +4,10 @@
 # dump's baseline checking a commtrace trace, diff/check --format json, --json -, --expect
 # checked before the run, the progress line on a terminal, did-you-mean, ASCII minus in diffs.
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/check.sh"
 ct="$1"; data="$2"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
-fails=0
-check() {  # check NAME EXPECTED_RC REGEX -- CMD...
-  local name="$1" want="$2" regex="$3"; shift 4
-  local out rc
-  out="$("$@" 2>&1)"; rc=$?
-  if [[ "$rc" != "$want" ]] || { [[ -n "$regex" ]] && ! grep -Eq -- "$regex" <<<"$out"; }; then
-    printf 'FAIL %s: exit %s (want %s), /%s/\n%s\n' "$name" "$rc" "$want" "$regex" "$out"
-    fails=$((fails + 1))
-  else
-    echo "ok   $name"
-  fi
-}
 dump="$data/torch/golden_mlp_tp_comm_mode_log_noise3.json"
 
 check show_dump 0 "counts only: no bytes, groups or times" -- "$ct" show "$dump"

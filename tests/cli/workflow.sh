@@ -4,21 +4,10 @@
 # outputs byte-identical to PyTorch's at noise 0, --expect, --rank all, meta + fake at world 64,
 # and bad inputs failing with a message and exit 2.
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/check.sh"
 ct="$1"; data="$3"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
-fails=0
-check() {  # check NAME EXPECTED_RC REGEX -- CMD...
-  local name="$1" want="$2" regex="$3"; shift 4
-  local out rc
-  out="$("$@" 2>&1)"; rc=$?
-  if [[ "$rc" != "$want" ]] || { [[ -n "$regex" ]] && ! grep -Eq -- "$regex" <<<"$out"; }; then
-    printf 'FAIL %s: exit %s (want %s), /%s/\n%s\n' "$name" "$rc" "$want" "$regex" "$out"
-    fails=$((fails + 1))
-  else
-    echo "ok   $name"
-  fi
-}
 
 check run_tp 0 "all_reduce +×1" -- "$ct" run --model toy --plan tp --world-size 4 --json tp.json
 check run_sp 0 "reduce_scatter" -- "$ct" run --model toy --plan sp --world-size 4 --json sp.json
