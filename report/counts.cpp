@@ -15,6 +15,7 @@ OpStat ModuleCounts::op(Phase p, Collective c) const {
     if (g.op != c) continue;
     s.count += g.stat.count;
     s.bytes += g.stat.bytes;
+    s.bus_bytes += g.stat.bus_bytes;
     s.seconds += g.stat.seconds;
     s.estimate_s += g.stat.estimate_s;
     s.dtype_mask |= g.stat.dtype_mask;
@@ -123,6 +124,10 @@ CountTree count_blocks(const Trace& t, const Block* only, const TraceCost* cost)
       }
       g->stat.count += repeat;
       g->stat.bytes += r.collective.bytes * repeat;
+      if (r.collective.group_size > 0) {
+        g->stat.bus_bytes += double(r.collective.bytes * repeat) *
+                             busbw_factor(r.collective.op, r.collective.group_size);
+      }
       g->stat.seconds += r.duration_s * double(repeat);
       g->stat.estimate_s += estimate * double(repeat);
       g->stat.dtype_mask |= 1u << unsigned(r.dtype);

@@ -115,6 +115,14 @@ DiffResult diff_traces(const Trace& a, const Trace& b, const DiffOptions& option
       const std::int64_t db = std::int64_t(sb.bytes) - std::int64_t(sa.bytes);
       if (dc != 0 || (d.bytes && db != 0)) d.totals.push_back(TotalChange{ph, op, dc, db});
     }
+    if (d.bytes) {
+      double ba = 0, bb = 0;
+      for (Collective op : op_union(ga, gb, ph)) {
+        ba += ga ? ga->op(ph, op).bus_bytes : 0;
+        bb += gb ? gb->op(ph, op).bus_bytes : 0;
+      }
+      if (std::llround(ba) != std::llround(bb)) d.bus.push_back(PhaseBus{ph, ba, bb});
+    }
     if (options.topology && d.bytes) {
       double ta = 0, tb = 0;
       bool any = false;
@@ -211,6 +219,15 @@ std::string render_diff(const DiffResult& d, bool color) {
   }
   out += parts.empty() ? "totals: unchanged (collectives moved between modules)\n"
                        : fmt::format("totals: {}\n", fmt::join(parts, "; "));
+  if (!d.bus.empty()) {
+    std::vector<std::string> items;
+    for (const PhaseBus& p : d.bus) {
+      const auto a = std::int64_t(std::llround(p.a)), b = std::int64_t(std::llround(p.b));
+      items.push_back(fmt::format("{} {} \u2192 {} ({})", phase_name(p.phase),
+                                  format_bytes(std::uint64_t(a)), format_bytes(std::uint64_t(b)), paint(signed_bytes(b - a), b > a ? 1 : -1)));
+    }
+    out += fmt::format("bus bytes: {}\n", fmt::join(items, "; "));
+  }
   if (!d.est_times.empty()) {
     std::vector<std::string> times;
     double ta = 0, tb = 0;
@@ -258,8 +275,12 @@ std::string diff_json(const DiffResult& d) {
     if (d.bytes) t["bytes_delta"] = c.bytes_delta;
     totals.push_back(std::move(t));
   }
+  Json bus = Json::array();
+  for (const PhaseBus& p : d.bus) {
+    bus.push_back(Json{{"phase", phase_name(p.phase)}, {"a", p.a}, {"b", p.b}});
+  }
   const Json root{{"schema", "commtrace.diff"},
-                  {"version", "1.0"},
+                  {"version", "1.1"},
                   {"equal", d.equal},
                   {"a", d.desc_a},
                   {"b", d.desc_b},
@@ -268,7 +289,8 @@ std::string diff_json(const DiffResult& d) {
                   {"phases", d.torch ? Json{"forward", "backward"}
                                      : Json{"forward", "backward", "optimizer", "recompute"}},
                   {"modules", std::move(modules)},
-                  {"totals", std::move(totals)}};
+                  {"totals", std::move(totals)},
+                  {"bus_bytes", std::move(bus)}};
   Json root_out = root;
   if (!d.topology.empty()) {
     Json times = Json::array();

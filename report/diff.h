@@ -50,6 +50,12 @@ struct PhaseTime {
   double a_s = 0, b_s = 0;
 };
 
+// One phase's bus bytes (nccl-tests: bytes × the busbw factor of the group size) on each side.
+struct PhaseBus {
+  Phase phase = Phase::Forward;
+  double a = 0, b = 0;
+};
+
 struct DiffResult {
   bool equal = true;
   std::string topology;              // its name, when times were estimated
@@ -61,13 +67,15 @@ struct DiffResult {
   bool bytes = true;                 // bytes were compared (no PyTorch dump)
   std::vector<DiffModule> modules;
   std::vector<TotalChange> totals;
+  std::vector<PhaseBus> bus;  // phases whose bus bytes differ (bytes compared)
 };
 
 DiffResult diff_traces(const Trace& a, const Trace& b, const DiffOptions& options = {});
 // The aligned text tree and the totals line (a one-line "no differences" when equal).
 std::string render_diff(const DiffResult& d, bool color = false);
 // The same as JSON for scripts ("schema": "commtrace.diff", "version": "1.0"): equal, the two
-// sides, per module its rows (phase, collective, count and bytes of each side), the totals.
+// sides, per module its rows (phase, collective, count and bytes of each side), the totals and
+// the bus bytes per phase.
 std::string diff_json(const DiffResult& d);
 
 }  // namespace commtrace

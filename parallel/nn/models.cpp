@@ -68,7 +68,7 @@ Tensor Attention::forward(const Tensor& x) {
   const Tensor q = heads(*wq);
   const Tensor k = heads(*wk);
   const Tensor v = heads(*wv);
-  Tensor o = scaled_dot_product_attention(q, k, v, /*causal=*/true);
+  Tensor o = core ? (*core)(q, k, v) : scaled_dot_product_attention(q, k, v, /*causal=*/true);
   o = view(transpose(o, 1, 2), {b, tt, -1});
   return (*resid_dropout)((*wo)(o));
 }
@@ -122,10 +122,11 @@ Tensor Transformer::forward(const Tensor& tokens) {
   COMMTRACE_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::I64, ErrorCode::InvalidArgument,
                   "{}: expected i64 tokens (B, T), got {}", fqn(), describe(tokens));
   const std::int64_t tt = tokens.size(1);
-  COMMTRACE_CHECK(tt <= args_.max_seq_len, ErrorCode::InvalidArgument,
-                  "{}: sequence length {} exceeds max_seq_len {}", fqn(), tt, args_.max_seq_len);
+  COMMTRACE_CHECK(position_offset >= 0 && position_offset + tt <= args_.max_seq_len,
+                  ErrorCode::InvalidArgument, "{}: positions [{}, {}) exceed max_seq_len {}", fqn(),
+                  position_offset, position_offset + tt, args_.max_seq_len);
   std::vector<std::int64_t> positions(std::size_t(tt), 0);
-  std::iota(positions.begin(), positions.end(), 0);
+  std::iota(positions.begin(), positions.end(), position_offset);
   const Tensor pos = Tensor::from_indices(positions, {tt}, tokens.device());
   Tensor h = (*tok_embeddings)(tokens);  // separate statements: modules run in PyTorch's order
   h = add(h, (*pos_embeddings)(pos));

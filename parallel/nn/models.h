@@ -59,13 +59,24 @@ struct ModelArgs {
   bool weight_tying = true;
 };
 
+// Core attention: q, k, v (B, H, T, D) -> (B, H, T, D), causal over the sequence. The default
+// (no core set) is scaled_dot_product_attention on this rank's tensors; a sequence-parallel
+// family (plans/context.h) replaces it, and then T is this rank's sub-sequence.
+class AttentionCore {
+ public:
+  virtual ~AttentionCore() = default;
+  virtual Tensor operator()(const Tensor& q, const Tensor& k, const Tensor& v) const = 0;
+};
+
 // x (B, T, dim) -> (B, T, dim); wq, wk, wv, wo without bias, causal SDPA over n_heads.
 class Attention : public Module {
  public:
   Attention(const ModelArgs& a, Generator& gen, const ModuleOptions& o);
   Tensor forward(const Tensor& x) override;
+  std::int64_t n_heads() const { return n_heads_; }
   std::shared_ptr<Linear> wq, wk, wv, wo;
   std::shared_ptr<Dropout> resid_dropout;
+  std::shared_ptr<const AttentionCore> core;  // null: SDPA
 
  private:
   std::int64_t n_heads_, head_dim_;
@@ -100,6 +111,8 @@ class Transformer : public Module {
   Transformer(const ModelArgs& a, Generator& gen, const ModuleOptions& o);
   Tensor forward(const Tensor& tokens) override;
   const ModelArgs& args() const { return args_; }
+  // The global position of the first token of the input: a sequence-sharded rank's offset.
+  std::int64_t position_offset = 0;
   std::shared_ptr<Embedding> tok_embeddings, pos_embeddings;
   std::shared_ptr<Dropout> dropout;
   std::shared_ptr<ModuleList> layers;

@@ -401,16 +401,39 @@ std::shared_ptr<ParallelStyle> style_from_json(const JsonReader& rd, const Json&
                       kind));
 }
 
+ContextParallel context_parallel_of(const JsonReader& rd, const Json& j, const JsonPath& path) {
+  rd.object(j, path);
+  rd.check_keys(j, path,
+                {"family", "divide_by_world_size", "grad_reduction", "param_grad_reduction"});
+  ContextParallel cp;
+  cp.family = rd.str(rd.at(j, "family", path), path.key("family"));
+  if (const Json* v = rd.find(j, "divide_by_world_size")) {
+    cp.divide_by_world_size = rd.boolean(*v, path.key("divide_by_world_size"));
+  }
+  if (const Json* v = rd.find(j, "grad_reduction")) {
+    cp.grad_reduction = rd.str(*v, path.key("grad_reduction"));
+  }
+  if (const Json* v = rd.find(j, "param_grad_reduction")) {
+    cp.param_grad_reduction = rd.str(*v, path.key("param_grad_reduction"));
+  }
+  try {
+    cp.check();
+  } catch (const Error& e) {
+    rd.fail(path, e.what());
+  }
+  return cp;
+}
+
 }  // namespace
 
 Plan plan_from_json_text(const std::string& text, const std::string& source) {
   JsonReader rd(source);
   const Json j = rd.parse(text, "a JSON object with \"schema\": \"commtrace.plan\"");
   const JsonPath top;
-  rd.check_header(j, "commtrace.plan", {{1, 1}}, "plan");
+  rd.check_header(j, "commtrace.plan", {{1, 2}}, "plan");
   rd.check_keys(j, top,
                 {"schema", "version", "name", "plan", "model_input", "model_output",
-                 "loss_parallel", "coalesce_partial_grads"});
+                 "loss_parallel", "coalesce_partial_grads", "context_parallel"});
   Plan plan;
   const Json* name = rd.find(j, "name");
   plan.name = name ? rd.str(*name, top.key("name")) : source;
@@ -432,9 +455,23 @@ Plan plan_from_json_text(const std::string& text, const std::string& source) {
   if (const Json* v = rd.find(j, "coalesce_partial_grads")) {
     plan.coalesce_partial_grads = rd.boolean(*v, top.key("coalesce_partial_grads"));
   }
+  if (const Json* v = rd.find(j, "context_parallel")) {
+    plan.context_parallel = context_parallel_of(rd, *v, top.key("context_parallel"));
+    if (!rd.find(j, "model_input")) plan.model_input = Placement::shard(1);
+    if (!plan.model_input.is_shard(1)) {
+      rd.fail(top.key("model_input"),
+              fmt::format("context parallel shards the sequence: \"model_input\" must be "
+                          "\"Shard(1)\", got {}",
+                          plan.model_input.str()));
+    }
+  }
   const JsonPath ppath = top.key("plan");
+  const Json* styles_json = rd.find(j, "plan");
+  if (!styles_json && plan.context_parallel) return plan;  // a family alone
   const Json& styles = rd.object(rd.at(j, "plan", top), ppath);
-  if (styles.empty()) rd.fail(ppath, "no styles (a plan maps module patterns to styles)");
+  if (styles.empty() && !plan.context_parallel) {
+    rd.fail(ppath, "no styles (a plan maps module patterns to styles)");
+  }
   for (const auto& [pattern, style] : styles.items()) {
     plan.styles.emplace_back(pattern, style_from_json(rd, style, ppath.key(pattern.c_str())));
   }
@@ -448,6 +485,7 @@ Plan load_plan_file(const std::string& path) {
 std::vector<std::string> builtin_plan_names(const std::string& model) {
   if (model == "mlp-stacked") return {"tp"};
   if (model == "decoder") return {"tp", "sp", "torchtitan", "megatron", "megatron-sp"};
+  if (model == "transformer") return {"tp", "sp", "ulysses", "rsa"};
   return {"tp", "sp"};
 }
 
@@ -579,6 +617,13 @@ Plan builtin_plan(const std::string& model, const std::string& name) {
     p.styles.emplace_back("layers.*.feed_forward.w1", colwise(sp ? S(1) : R, S(-1), true));
     p.styles.emplace_back("layers.*.feed_forward.w2", rowwise(S(-1), sp ? S(1) : R));
     p.styles.emplace_back("output", colwise(sp ? S(1) : R, R, true));
+    return p;
+  }
+  if (model == "transformer" && (name == "ulysses" || name == "rsa")) {
+    ContextParallel cp;
+    cp.family = name;
+    p.context_parallel = cp;
+    p.model_input = S(1);
     return p;
   }
   throw Error(ErrorCode::InvalidArgument,

@@ -11,6 +11,7 @@
 
 #include "parallel/dtensor/dtensor.h"
 #include "parallel/nn/nn.h"
+#include "parallel/plans/context.h"
 
 namespace commtrace {
 
@@ -83,6 +84,9 @@ struct Plan {
   // Patterns that may match no module (a built-in plan's wq/wk/wv against a fused wqkv model);
   // any other pattern that matches nothing is an error.
   std::vector<std::string> optional;
+  // A sequence-parallel family over the run's "cp" mesh dim (context.h): the runner shards the
+  // input's sequence (model_input Shard(1)) and reduces parameter gradients over cp.
+  std::optional<ContextParallel> context_parallel;
 };
 
 // Applies every style of the plan on a 1-D mesh. A pattern that matches no module is an error
@@ -93,15 +97,17 @@ void parallelize_module(Module& model, const std::shared_ptr<const DeviceMesh>& 
 // Names of modules under `root` (relative FQNs) that match `pattern`.
 std::vector<std::string> match_modules(Module& root, const std::string& pattern);
 
-// Plan JSON (schema in README): {"schema": "commtrace.plan", "version": "1.1", "model_input":
+// Plan JSON (schema in README): {"schema": "commtrace.plan", "version": "1.2", "model_input":
 // "Shard(0)", "model_output": "Replicate()", "loss_parallel": false, "plan": {"in_proj":
-// {"style": "ColwiseParallel", "input_layouts": "Shard(0)"}, ...}}. 1.0 files (without
-// loss_parallel) still load. Errors name the key and the bad value.
+// {"style": "ColwiseParallel", "input_layouts": "Shard(0)"}, ...}, "context_parallel":
+// {"family": "rsa", "divide_by_world_size": false}}. 1.0 files (without loss_parallel) and 1.1
+// (without context_parallel) still load. Errors name the key and the bad value.
 Plan plan_from_json_text(const std::string& text, const std::string& source);
 Plan load_plan_file(const std::string& path);
 // Built-in plans: toy and mlp "tp", "sp"; mlp-stacked "tp"; transformer "tp", "sp"; decoder
 // "tp", "sp", "torchtitan" (sp with the output left vocab-sharded and loss parallel), "megatron",
-// "megatron-sp" (fused wqkv required).
+// "megatron-sp" (fused wqkv required); transformer also "ulysses" and "rsa" (ColossalAI's ring
+// self-attention as published), sequence-parallel families with no styles.
 Plan builtin_plan(const std::string& model, const std::string& plan);
 // A built-in name of the model family, or a path to a JSON file.
 Plan resolve_plan(const std::string& family, const std::string& plan_or_file);

@@ -43,7 +43,7 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
                   ErrorCode::InvalidArgument,
                   "device {} needs the fake backend (the threads backend moves real data)",
                   device_name(cfg.module.device));
-  resolve_plan(resolve_model(cfg.model).family, cfg.plan);  // fail early, before any thread
+  config_plan(cfg);  // fail early, before any thread
 
   StepBenchResult result;
   std::vector<double> untraced, traced;

@@ -50,7 +50,15 @@ Tensor slice_rows(const Tensor& t, int w, int i) {
   return clone(narrow(t, 0, c.begin, c.size));
 }
 
+// Columns [chunk i of w] of dim 1.
+Tensor slice_columns(const Tensor& t, int w, int i) {
+  const ChunkRange c = chunk_range(t.size(1), w, i);
+  NoGradGuard no_grad;
+  return clone(narrow(t, 1, c.begin, c.size));
+}
+
 std::int64_t global_rows_scale(const Plan& plan, int dp, int tp) {
+  if (plan.context_parallel) return dp;  // the sequence is sharded, not the rows
   COMMTRACE_CHECK(plan.model_input.is_replicate() || plan.model_input.is_shard(0),
                   ErrorCode::InvalidArgument,
                   "plan '{}': model_input must be Replicate() or Shard(0), got {}", plan.name,
@@ -60,14 +68,33 @@ std::int64_t global_rows_scale(const Plan& plan, int dp, int tp) {
 
 }  // namespace
 
+Plan config_plan(const ParallelConfig& cfg) {
+  Plan plan = resolve_plan(resolve_model(cfg.model).family, cfg.plan);
+  if (cfg.context_parallel) {
+    cfg.context_parallel->check();
+    plan.context_parallel = cfg.context_parallel;
+    plan.model_input = Placement::shard(1);
+  }
+  return plan;
+}
+
 RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg) {
   RankState s;
   const std::vector<int> shape = mesh_shape(cfg);
-  s.mesh = std::make_shared<DeviceMesh>(ctx, shape);
-  s.tp = s.mesh->ndim() == 2 ? s.mesh->sub(1) : s.mesh;
-  if (s.mesh->ndim() == 2) s.dp = &s.mesh->comm(0);
   s.entry = &resolve_model(cfg.model);
-  s.plan = resolve_plan(s.entry->family, cfg.plan);
+  s.plan = config_plan(cfg);
+  const bool cp = s.plan.context_parallel.has_value();
+  std::vector<std::string> names;
+  if (cp)
+    names =
+        shape.size() == 2 ? std::vector<std::string>{"dp", "cp"} : std::vector<std::string>{"cp"};
+  s.mesh = std::make_shared<DeviceMesh>(ctx, shape, names);
+  s.tp = s.mesh->ndim() == 2 ? s.mesh->sub(1) : s.mesh;
+  if (cp) s.cp = s.tp;
+  if (s.mesh->ndim() == 2) s.dp = &s.mesh->comm(0);
+  COMMTRACE_CHECK(!cp || cfg.data_parallel == "ddp", ErrorCode::Unsupported,
+                  "plan '{}': a context-parallel plan runs with ddp on dp, not {}", s.plan.name,
+                  cfg.data_parallel);
   s.model = s.entry->build(cfg.seed, cfg.module);
   s.ddp.cap_mb = cfg.ddp_bucket_mb;
   parallelize_module(*s.model, s.tp, s.plan);
@@ -87,7 +114,11 @@ RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg) {
     s.batch.input = slice_rows(s.batch.input, dp, s.mesh->coordinate(0));
     s.batch.target = slice_rows(s.batch.target, dp, s.mesh->coordinate(0));
   }
-  if (s.plan.model_input.is_shard(0)) {
+  if (cp) {
+    apply_context_parallel(*s.model, s.cp, *s.plan.context_parallel, s.batch.input.size(1));
+    s.batch.input = slice_columns(s.batch.input, tp, s.cp->coordinate(0));
+    s.batch.target = slice_columns(s.batch.target, tp, s.cp->coordinate(0));
+  } else if (s.plan.model_input.is_shard(0)) {
     s.batch.input = slice_rows(s.batch.input, tp, s.tp->coordinate(0));
     s.batch.target = slice_rows(s.batch.target, tp, s.tp->coordinate(0));
   }
@@ -312,8 +343,27 @@ void coalesce_partial_grads(RankState& s) {
   });
 }
 
+void sync_context_parallel_grads(RankState& s) {
+  if (!s.cp || s.cp->size(0) == 1) return;
+  PhaseScope phase(Phase::Backward);
+  std::vector<Tensor> params;
+  for (const auto& [name, p] : s.model->named_parameters()) {
+    if (p.grad().defined()) params.push_back(p);
+  }
+  if (params.empty()) return;
+  const bool avg = s.plan.context_parallel->param_grad_reduction == "avg";
+  all_reduce_flat(s, params, s.cp->comm(0), avg ? ReduceOp::Avg : ReduceOp::Sum, false,
+                  [&](std::int64_t bytes) {
+                    return fmt::format(
+                        "context parallel: {} parameter gradients ({} bytes) {} over '{}' in one "
+                        "call",
+                        params.size(), bytes, avg ? "averaged" : "summed", s.cp->dim_name(0));
+                  });
+}
+
 void finish_backward(RankState& s) {
   coalesce_partial_grads(s);
+  sync_context_parallel_grads(s);
   if (s.fsdp) {
     s.fsdp->finish_backward();
   } else {
@@ -405,7 +455,7 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
                   ErrorCode::InvalidArgument,
                   "device {} needs the fake backend (the threads backend moves real data)",
                   device_name(cfg.module.device));
-  resolve_plan(resolve_model(cfg.model).family, cfg.plan);  // fail early, before any thread
+  config_plan(cfg);  // fail early, before any thread
 
   // Slot i: the trace of traced[i], when this process ran that rank.
   std::vector<std::optional<Trace>> traces(traced.size());
@@ -460,6 +510,9 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
                       {"iterations", std::to_string(opts.iters)},
                       {"seed", std::to_string(cfg.seed)},
                       {"input_requires_grad", cfg.input_requires_grad ? "true" : "false"}};
+        if (s.plan.context_parallel) {
+          t.metadata["context_parallel"] = s.plan.context_parallel->str();
+        }
         if (s.dp) {
           t.metadata["data_parallel"] =
               s.fsdp ? (cfg.reshard_after_forward ? "fsdp" : "fsdp (no reshard after forward)")
@@ -491,7 +544,7 @@ using Values = std::map<std::string, std::vector<double>>;
 
 // Describes a constant factor between a and b when a ≈ r·b.
 std::string factor_of(const std::vector<double>& a, const std::vector<double>& b, int world, int dp,
-                      int tp, double tol) {
+                      int tp, const char* tp_name, double tol) {
   double ab = 0, bb = 0, scale = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
     ab += a[i] * b[i];
@@ -506,8 +559,8 @@ std::string factor_of(const std::vector<double>& a, const std::vector<double>& b
   const std::vector<std::pair<double, std::string>> named{
       {double(world), fmt::format("{} (world size)", world)},
       {1.0 / world, fmt::format("1/{} (1/world size)", world)},
-      {double(tp), fmt::format("{} (tp size)", tp)},
-      {1.0 / tp, fmt::format("1/{} (1/tp size)", tp)},
+      {double(tp), fmt::format("{} ({} size)", tp, tp_name)},
+      {1.0 / tp, fmt::format("1/{} (1/{} size)", tp, tp_name)},
       {double(dp), fmt::format("{} (dp size)", dp)},
       {1.0 / dp, fmt::format("1/{} (1/dp size)", dp)},
       {0.0, "0 (no gradient reached it)"}};
@@ -542,7 +595,7 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
                   "verify: runs on cpu (got {})", device_name(cfg.module.device));
   const std::vector<int> shape = mesh_shape(cfg);
   const int dp = shape.size() == 2 ? shape[0] : 1, tp = shape.back();
-  const Plan plan = resolve_plan(resolve_model(cfg.model).family, cfg.plan);
+  const Plan plan = config_plan(cfg);
   COMMTRACE_CHECK(cfg.backend == "threads" || cfg.backend == "mpi", ErrorCode::InvalidArgument,
                   "verify: runs on the threads or mpi backend (got {})", cfg.backend);
   LaunchOptions lo;
@@ -563,7 +616,14 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
         step.loss.backward();
         finish_backward(s);
         Values mine;
-        mine["output"] = gather_full(s, step.output, true).to_vector();
+        Tensor output = step.output;
+        if (s.cp) {  // this rank's sub-sequence of every row: joined along dim 1 first
+          NoGradGuard no_grad;
+          Shape global = output.shape();
+          global[1] *= s.cp->size(0);
+          output = full_tensor(from_local(output, s.cp, {Placement::shard(1)}, global));
+        }
+        mine["output"] = gather_full(s, output, true).to_vector();
         for (const auto& [name, p] : s.model->named_parameters()) {
           const Tensor g = parameter_grad(s, name, p);
           mine[name + ".grad"] = g.defined() ? gather_full(s, g, false).to_vector()
@@ -621,7 +681,10 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
     if (name != "output") scale = std::max(scale, 1e-3 * grad_scale);
     c.max_rel_err = scale > 0 ? diff / scale : diff;
     c.pass = c.max_rel_err <= tolerance;
-    if (!c.pass) c.factor = factor_of(a, b, cfg.world_size, dp, tp, tolerance);
+    if (!c.pass) {
+      c.factor =
+          factor_of(a, b, cfg.world_size, dp, tp, plan.context_parallel ? "cp" : "tp", tolerance);
+    }
     report.checks.push_back(c);
   }
   return report;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,13 @@ struct ParallelConfig {
   // (FSDP2's fully_shard per block and on the root; parallel/plans/fsdp.h).
   std::string data_parallel = "ddp";
   bool reshard_after_forward = true;  // fsdp: free after forward, all-gather again for backward
+  // Replaces the plan's context_parallel (plans/context.h): a program picks a family's options,
+  // or a deliberate fault, without a plan file.
+  std::optional<ContextParallel> context_parallel;
 };
+
+// The config's plan, resolved for its model, with the config's context_parallel applied.
+Plan config_plan(const ParallelConfig& cfg);
 
 // The mesh shape of a config, checked against the world size (and a 2-D one for fsdp).
 std::vector<int> mesh_shape(const ParallelConfig& cfg);
@@ -55,7 +62,9 @@ struct DdpBuckets {
 struct RankState {
   std::shared_ptr<DeviceMesh> mesh;  // the full mesh
   std::shared_ptr<DeviceMesh> tp;    // the plan's 1-D mesh
-  Communicator* dp = nullptr;        // the data-parallel group of a 2-D mesh
+  // With the plan's context_parallel: the sequence's mesh dim "cp" (then also the plan's mesh).
+  std::shared_ptr<DeviceMesh> cp;
+  Communicator* dp = nullptr;  // the data-parallel group of a 2-D mesh
   const ModelEntry* entry = nullptr;
   Plan plan;
   std::shared_ptr<Module> model;
@@ -72,7 +81,8 @@ std::vector<Tensor> optimizer_parameters(const RankState& s);
 Tensor parameter_grad(const RankState& s, const std::string& name, const Tensor& param);
 
 // Builds the model from cfg.seed (identical on every rank), parallelizes it and slices the
-// global batch: over "dp" along dim 0, then over "tp" when the plan's input is Shard(0).
+// global batch: over "dp" along dim 0, then over "tp" when the plan's input is Shard(0), or
+// along the sequence (dim 1) over "cp" with a context-parallel plan.
 RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg);
 
 struct StepOut {
@@ -89,8 +99,12 @@ void sync_data_parallel_grads(RankState& s);
 // mesh in one call, left Replicate (recorded in the backward phase).
 void coalesce_partial_grads(RankState& s);
 
-// After loss.backward(): the plan's coalesced gradients, then DDP's all_reduces or FSDP's
-// outstanding reduce_scatters.
+// With a context-parallel plan: every parameter gradient reduced over "cp" in one flat
+// all_reduce (the plan's param_grad_reduction; recorded in the backward phase).
+void sync_context_parallel_grads(RankState& s);
+
+// After loss.backward(): the plan's coalesced gradients, the context-parallel reduction, then
+// DDP's all_reduces or FSDP's outstanding reduce_scatters.
 void finish_backward(RankState& s);
 
 class Optimizer;

@@ -229,6 +229,12 @@ TEST_CASE("diff: toy TP vs SP", "[report][diff]") {
   REQUIRE(block(text, "ToyModel.out_proj").size() == 3);
   REQUIRE(contains(text, "\ntotals: forward "));
   REQUIRE(contains(text, "+1 all_gather, +1 reduce_scatter; backward +1 all_gather\n"));
+  // Bus bytes per phase (world 4): all_reduce 400 B × 2·3/4; all_gather 3200 B and
+  // reduce_scatter 1600 B × 3/4; backward's all_gather 1600 B × 3/4.
+  REQUIRE(contains(text, "\nbus bytes: forward 600 B → 3.52 KiB (+2.93 KiB); backward 0 B → "
+                         "1.17 KiB (+1.17 KiB)\n"));
+  REQUIRE(diff.bus.size() == 2);
+  REQUIRE(diff.bus[0].a == Approx(600));
   REQUIRE_FALSE(contains(text, "\x1b["));
   // Columns: every "→" of the module rows is in the same column.
   std::size_t column = std::string::npos;

@@ -1,0 +1,56 @@
+// Sequence-parallel families over a context-parallel group "cp" (DESIGN §2's styles do not
+// cover them): every rank holds a contiguous sub-sequence of every batch row, T/W tokens, and
+// the whole (replicated) model; only core attention talks to the other ranks. Each rank's loss
+// is the mean over its own sub-sequence; after backward every parameter gradient is reduced
+// over cp in one flat all_reduce (avg, as ColossalAI's SequenceParallelGradientHandler and
+// DeepSpeed's data-parallel reduction do; or sum), so with the exact families the result is the
+// single-device gradient of the mean over the whole sequence.
+//
+//  - ulysses (DeepSpeed-Ulysses): q, k, v go from sequence- to head-sharded with an all_to_all
+//    each, attention runs on whole sequences of H/W heads, one all_to_all brings the output
+//    back; backward mirrors them. Needs W | heads.
+//  - rsa (ColossalAI's ring self-attention, RingQK and RingAV of
+//    colossalai/legacy/nn/layer/parallel_sequence): the scores q kᵀ (T/W, T) and the product
+//    with v are built by passing sub-k and sub-v around the ring (W-1 send/recv steps each,
+//    again in backward); the gradient of the full k (v) is reduced over cp and sliced to the
+//    local chunk, and q's, k's and v's gradients are divided by W when divide_by_world_size, as
+//    published.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "parallel/comm/mesh.h"
+#include "parallel/nn/nn.h"
+
+namespace commtrace {
+
+struct ContextParallel {
+  std::string family = "ulysses";  // "ulysses" or "rsa"
+  // rsa: divide the gradients of q, k and v by the cp size (ColossalAI's published code).
+  bool divide_by_world_size = true;
+  // rsa: how the gradient of the full k (v) reaches its owner: "all_reduce" and a slice (as
+  // published) or "reduce_scatter".
+  std::string grad_reduction = "all_reduce";
+  // How parameter gradients are reduced over cp after backward: "avg" or "sum".
+  std::string param_grad_reduction = "avg";
+  // A deliberate fault, for the tests that show verify catches it (never set by plan files):
+  // "no_backward_all_to_all" (ulysses: the output's backward all_to_all is replaced by keeping
+  // the rank's own block of the gradient), "skip_ring_step" (rsa: RingQK's last forward ring
+  // step is not taken and its block of scores is zero).
+  std::string fault;
+
+  // Checks the fields (InvalidArgument naming the field and the choices).
+  void check() const;
+  // "rsa (divide_by_world_size, all_reduce + slice; parameter gradients avg over cp)".
+  std::string str() const;
+};
+
+// Installs the family's core into every Attention module of `model` (a transformer; else
+// InvalidArgument) over the 1-D mesh `cp`, and sets the model's position offset for this rank's
+// chunk of a sequence of `seq_len` tokens. REQUIRES: cp divides seq_len (and, for ulysses, every
+// attention's head count); else InvalidArgument naming both numbers.
+void apply_context_parallel(Module& model, const std::shared_ptr<const DeviceMesh>& cp,
+                            const ContextParallel& opts, std::int64_t seq_len);
+
+}  // namespace commtrace
