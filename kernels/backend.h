@@ -157,6 +157,21 @@ class Kernels {
                                   const void* v, const void* probs, void* grad_q, void* grad_k,
                                   void* grad_v, i64 bh, i64 t, i64 d, double scale) const = 0;
 
+  // ---- blockwise (ring) attention, as kernels/reference.h states: q, out (bh, tq, d); k, v
+  // (bh, tk, d); lse (bh, tq) acc; positions q_pos, k_pos for the causal mask ----
+  virtual void attention_block_forward(DType dt, const void* q, const void* k, const void* v,
+                                       void* out, void* lse, i64 bh, i64 tq, i64 tk, i64 d,
+                                       double scale, bool causal, i64 q_pos, i64 k_pos) const = 0;
+  // In place on out (rows, d) and lse (rows, acc).
+  virtual void attention_merge(DType dt, void* out, void* lse, const void* out_b, const void* lse_b,
+                               i64 rows, i64 d) const = 0;
+  // Overwrites grad_q, grad_k, grad_v.
+  virtual void attention_block_backward(DType dt, const void* grad_out, const void* q,
+                                        const void* k, const void* v, const void* out,
+                                        const void* lse, void* grad_q, void* grad_k, void* grad_v,
+                                        i64 bh, i64 tq, i64 tk, i64 d, double scale, bool causal,
+                                        i64 q_pos, i64 k_pos) const = 0;
+
   // ---- cross-entropy as PyTorch decomposes it: log_softmax, then the mean negative
   // log-likelihood. x, out (rows, cols); logp (n, c), targets (n) in [0, c) else throws ----
   // out = x - max - log(sum(exp(x - max))) per row.

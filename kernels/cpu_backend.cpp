@@ -405,6 +405,40 @@ class CpuKernels final : public Kernels {
     });
   }
 
+  void attention_block_forward(DType dt, const void* q, const void* k, const void* v, void* out,
+                               void* lse, i64 bh, i64 tq, i64 tk, i64 d, double scale, bool causal,
+                               i64 q_pos, i64 k_pos) const override {
+    floating("attention_block_forward", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      ref::attention_block_forward(io.in(q, bh * tq * d), io.in(k, bh * tk * d),
+                                   io.in(v, bh * tk * d), io.out(out, bh * tq * d), acc<T>(lse), bh,
+                                   tq, tk, d, scale, causal, q_pos, k_pos, blas_matmul<T>);
+    });
+  }
+  void attention_merge(DType dt, void* out, void* lse, const void* out_b, const void* lse_b,
+                       i64 rows, i64 d) const override {
+    floating("attention_merge", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      const T* prev = io.in(out, rows * d);  // read and written: widened in, narrowed back
+      T* o = io.out(out, rows * d);
+      if (o != prev) std::copy(prev, prev + rows * d, o);
+      ref::attention_merge(o, acc<T>(lse), io.in(out_b, rows * d), acc<T>(lse_b), rows, d);
+    });
+  }
+  void attention_block_backward(DType dt, const void* grad_out, const void* q, const void* k,
+                                const void* v, const void* out, const void* lse, void* grad_q,
+                                void* grad_k, void* grad_v, i64 bh, i64 tq, i64 tk, i64 d,
+                                double scale, bool causal, i64 q_pos, i64 k_pos) const override {
+    floating("attention_block_backward", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      const i64 nq = bh * tq * d, nk = bh * tk * d;
+      ref::attention_block_backward(io.in(grad_out, nq), io.in(q, nq), io.in(k, nk), io.in(v, nk),
+                                    io.in(out, nq), acc<T>(lse), io.out(grad_q, nq),
+                                    io.out(grad_k, nk), io.out(grad_v, nk), bh, tq, tk, d, scale,
+                                    causal, q_pos, k_pos, blas_matmul<T>);
+    });
+  }
+
   // ---- cross-entropy ----
   void log_softmax_forward(DType dt, const void* x, void* out, i64 rows, i64 cols) const override {
     floating("log_softmax_forward", dt, [&](auto& io) {

@@ -56,6 +56,12 @@ class MetaKernels final : public Kernels {
                          double, bool) const override {}
   void attention_backward(DType, const void*, const void*, const void*, const void*, const void*,
                           void*, void*, void*, i64, i64, i64, double) const override {}
+  void attention_block_forward(DType, const void*, const void*, const void*, void*, void*, i64, i64,
+                               i64, i64, double, bool, i64, i64) const override {}
+  void attention_merge(DType, void*, void*, const void*, const void*, i64, i64) const override {}
+  void attention_block_backward(DType, const void*, const void*, const void*, const void*,
+                                const void*, const void*, void*, void*, void*, i64, i64, i64, i64,
+                                double, bool, i64, i64) const override {}
   void log_softmax_forward(DType, const void*, void*, i64, i64) const override {}
   void log_softmax_backward(DType, const void*, const void*, void*, i64, i64) const override {}
   void nll_loss_forward(DType, const void*, const i64*, i64, i64, void*) const override {}

@@ -485,6 +485,75 @@ void attention_backward(const T* grad_out, const T* q, const T* k, const T* v, c
 }
 
 template <typename T>
+void attention_block_forward(const T* q, const T* k, const T* v, T* out, T* lse, i64 bh, i64 tq,
+                             i64 tk, i64 d, double scale, bool causal, i64 q_pos, i64 k_pos,
+                             Matmul<T> mm) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  std::vector<T> p(std::size_t(tq * tk));
+  for (i64 h = 0; h < bh; ++h) {
+    const T* qh = q + h * tq * d;
+    const T* kh = k + h * tk * d;
+    mm(false, true, tq, tk, d, T(scale), qh, d, kh, d, T(0), p.data(), tk);
+    for (i64 i = 0; i < tq; ++i) {
+      T* row = p.data() + i * tk;
+      // Keys j < seen are visible: k_pos + j <= q_pos + i.
+      const i64 seen = causal ? std::clamp<i64>(q_pos + i - k_pos + 1, 0, tk) : tk;
+      lse[h * tq + i] = seen == 0 ? kNegInf : T(log_sum_exp(row, seen));
+      softmax_row(row, tk, seen);
+      if (seen == 0) std::fill(row, row + tk, T(0));
+    }
+    mm(false, false, tq, d, tk, T(1), p.data(), tk, v + h * tk * d, d, T(0), out + h * tq * d, d);
+  }
+}
+
+template <typename T>
+void attention_merge(T* out, T* lse, const T* out_b, const T* lse_b, i64 rows, i64 d) {
+  for (i64 r = 0; r < rows; ++r) {
+    const double a = double(lse[r]), b = double(lse_b[r]);
+    if (b == -std::numeric_limits<double>::infinity()) continue;  // the block saw nothing
+    const double m = std::max(a, b);
+    const double total = m + std::log(std::exp(a - m) + std::exp(b - m));
+    const double wa = std::exp(a - total), wb = std::exp(b - total);
+    for (i64 j = 0; j < d; ++j) {
+      out[r * d + j] = T(wa * double(out[r * d + j]) + wb * double(out_b[r * d + j]));
+    }
+    lse[r] = T(total);
+  }
+}
+
+template <typename T>
+void attention_block_backward(const T* grad_out, const T* q, const T* k, const T* v, const T* out,
+                              const T* lse, T* grad_q, T* grad_k, T* grad_v, i64 bh, i64 tq, i64 tk,
+                              i64 d, double scale, bool causal, i64 q_pos, i64 k_pos,
+                              Matmul<T> mm) {
+  const T s = T(scale);
+  std::vector<T> p(std::size_t(tq * tk)), ds(std::size_t(tq * tk));
+  for (i64 h = 0; h < bh; ++h) {
+    const i64 qo = h * tq * d, ko = h * tk * d;
+    mm(false, true, tq, tk, d, s, q + qo, d, k + ko, d, T(0), p.data(), tk);
+    for (i64 i = 0; i < tq; ++i) {
+      const i64 seen = causal ? std::clamp<i64>(q_pos + i - k_pos + 1, 0, tk) : tk;
+      const double l = double(lse[h * tq + i]);
+      T* row = p.data() + i * tk;
+      for (i64 j = 0; j < tk; ++j) row[j] = j < seen ? T(std::exp(double(row[j]) - l)) : T(0);
+    }
+    mm(true, false, tk, d, tq, T(1), p.data(), tk, grad_out + qo, d, T(0), grad_v + ko, d);
+    mm(false, true, tq, tk, d, T(1), grad_out + qo, d, v + ko, d, T(0), ds.data(), tk);
+    for (i64 i = 0; i < tq; ++i) {
+      double dot = 0;  // rowsum(dO ∘ O): the softmax's correction over every block of the row
+      for (i64 j = 0; j < d; ++j)
+        dot += double(grad_out[qo + i * d + j]) * double(out[qo + i * d + j]);
+      for (i64 j = 0; j < tk; ++j) {
+        ds[std::size_t(i * tk + j)] =
+            T(double(p[std::size_t(i * tk + j)]) * (double(ds[std::size_t(i * tk + j)]) - dot));
+      }
+    }
+    mm(false, false, tq, d, tk, s, ds.data(), tk, k + ko, d, T(0), grad_q + qo, d);
+    mm(true, false, tk, d, tq, s, ds.data(), tk, q + qo, d, T(0), grad_k + ko, d);
+  }
+}
+
+template <typename T>
 void log_softmax_forward(const T* x, T* out, i64 rows, i64 cols) {
   for (i64 r = 0; r < rows; ++r) {
     const double lse = log_sum_exp(x + r * cols, cols);
@@ -732,6 +801,12 @@ void reduce(ReduceOp op, const T* const* srcs, int n_srcs, T* const* dsts, int n
                                      bool, Matmul<T>);                                             \
   template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*,    \
                                       T*, i64, i64, i64, double, Matmul<T>);                       \
+  template void attention_block_forward<T>(const T*, const T*, const T*, T*, T*, i64, i64, i64,    \
+                                           i64, double, bool, i64, i64, Matmul<T>);                \
+  template void attention_merge<T>(T*, T*, const T*, const T*, i64, i64);                          \
+  template void attention_block_backward<T>(const T*, const T*, const T*, const T*, const T*,      \
+                                            const T*, T*, T*, T*, i64, i64, i64, i64, double,      \
+                                            bool, i64, i64, Matmul<T>);                            \
   template void log_softmax_forward<T>(const T*, T*, i64, i64);                                    \
   template void log_softmax_backward<T>(const T*, const T*, T*, i64, i64);                         \
   template void nll_loss_forward<T>(const T*, const i64*, i64, i64, T*);                           \

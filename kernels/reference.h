@@ -93,6 +93,26 @@ template <typename T>
 void attention_backward(const T* grad_out, const T* q, const T* k, const T* v, const T* probs,
                         T* grad_q, T* grad_k, T* grad_v, i64 bh, i64 t, i64 d, double scale,
                         Matmul<T> mm = matmul<T>);
+// One block of blockwise (ring) attention: q (bh, tq, d), k and v (bh, tk, d); query i sits at
+// global position q_pos + i, key j at k_pos + j, and with `causal` a key is seen when
+// k_pos + j <= q_pos + i. out (bh, tq, d) is the block's own softmax-weighted sum, lse (bh, tq,
+// acc) the log-sum-exp of its scaled scores: -inf, and out 0, for a row that sees no key.
+template <typename T>
+void attention_block_forward(const T* q, const T* k, const T* v, T* out, T* lse, i64 bh, i64 tq,
+                             i64 tk, i64 d, double scale, bool causal, i64 q_pos, i64 k_pos,
+                             Matmul<T> mm = matmul<T>);
+// Folds block b into the running (out, lse) of the same rows, in place: lse' = log(e^lse +
+// e^lse_b), out' = out e^(lse - lse') + out_b e^(lse_b - lse'). out (rows, d), lse (rows).
+template <typename T>
+void attention_merge(T* out, T* lse, const T* out_b, const T* lse_b, i64 rows, i64 d);
+// One block's share of the gradients, given the rows' final out and lse (over every block):
+// P = e^(scale q kᵀ - lse) (0 where masked), dV = Pᵀ dO, dS = P (dO Vᵀ - rowsum(dO out)),
+// dQ = scale dS K, dK = scale dSᵀ Q. Overwrites grad_q (bh, tq, d), grad_k and grad_v (bh, tk, d).
+template <typename T>
+void attention_block_backward(const T* grad_out, const T* q, const T* k, const T* v, const T* out,
+                              const T* lse, T* grad_q, T* grad_k, T* grad_v, i64 bh, i64 tq, i64 tk,
+                              i64 d, double scale, bool causal, i64 q_pos, i64 k_pos,
+                              Matmul<T> mm = matmul<T>);
 template <typename T>
 void log_softmax_forward(const T* x, T* out, i64 rows, i64 cols);
 template <typename T>

@@ -1,5 +1,6 @@
 // Cross-rank consistency: on every group, each rank must issue the same collectives in the same
-// order (op, sequence number, dtype, global shape of the first input, reduce op, group size).
+// order (op, sequence number, dtype, global shape of the first input, reduce op, group size), and
+// every send between traced ranks must meet its recv.
 // Rank 0's trace (the first given) is the reference; every other rank is compared with it. A
 // divergence usually shifts everything after it, so each group reports its first few only.
 #include "report/consistency.h"
@@ -8,6 +9,7 @@
 #include <map>
 #include <set>
 #include <span>
+#include <tuple>
 
 #include "tracer/collectives.h"
 
@@ -103,11 +105,92 @@ void compare_group(const std::string& group, int rank_a, const Calls& a, int ran
   }
 }
 
+// Point-to-point: a message is (group, sender, receiver) in global ranks, numbered per direction.
+struct Message {
+  std::uint64_t seq;
+  std::uint64_t bytes;
+  DType dtype;
+  bool operator<(const Message& o) const { return seq < o.seq; }
+};
+using Channel = std::tuple<std::string, int, int>;  // group, from, to (global ranks)
+
+// The global rank of group rank `peer` of the group the trace's rank has group rank `self` in:
+// the group is a dim of the run's mesh (row-major); -1 when the trace's mesh does not say.
+int global_peer(const Trace& t, const MeshInfo& mesh, const std::string& group, int self,
+                int peer) {
+  for (std::size_t d = 0; d < mesh.dim_names.size(); ++d) {
+    if (mesh.dim_names[d] != group) continue;
+    int stride = 1;
+    for (std::size_t e = d + 1; e < mesh.shape.size(); ++e) stride *= mesh.shape[e];
+    return t.rank + (peer - self) * stride;
+  }
+  return -1;
+}
+
+// Every send between two traced ranks has the receiver's recv with the same number, bytes and
+// dtype, and every recv its send.
+void check_p2p(const std::vector<Trace>& ranks, std::vector<std::string>& out) {
+  std::set<int> traced;
+  for (const Trace& t : ranks) traced.insert(t.rank);
+  std::map<Channel, std::vector<Message>> sent, received;
+  for (const Trace& t : ranks) {
+    const auto it = t.metadata.find("mesh");
+    if (it == t.metadata.end()) return;  // no mesh: peers cannot be placed
+    MeshInfo mesh;
+    try {
+      mesh = parse_mesh_str(it->second);
+    } catch (const Error&) {
+      return;
+    }
+    if (mesh.dim_names.empty()) mesh.dim_names = default_mesh_dim_names(mesh.shape.size());
+    t.for_each_event([&](const Record& r, std::uint64_t seq) {
+      const CollectiveInfo& c = r.collective;
+      if (r.kind != EventKind::Collective || c.peer < 0 ||
+          (c.op != Collective::Send && c.op != Collective::Recv)) {
+        return;
+      }
+      const std::string group(t.str(c.group));
+      const int peer = global_peer(t, mesh, group, c.group_rank, c.peer);
+      if (peer < 0 || !traced.count(peer)) return;
+      const bool send = c.op == Collective::Send;
+      const Channel ch{group, send ? t.rank : peer, send ? peer : t.rank};
+      (send ? sent : received)[ch].push_back(Message{seq, c.bytes, r.dtype});
+    });
+  }
+  std::set<Channel> channels;
+  for (const auto* m : {&sent, &received}) {
+    for (const auto& [ch, msgs] : *m) channels.insert(ch);
+  }
+  static const std::vector<Message> kNone;
+  for (const Channel& ch : channels) {
+    const auto& [group, from, to] = ch;
+    auto s = sent.count(ch) ? sent.at(ch) : kNone, r = received.count(ch) ? received.at(ch) : kNone;
+    std::sort(s.begin(), s.end());
+    std::sort(r.begin(), r.end());
+    if (s.size() != r.size()) {
+      out.push_back(
+          fmt::format("group '{}': rank {} sent {} messages to rank {}, which received {} from it",
+                      group, from, s.size(), to, r.size()));
+      continue;
+    }
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      if (s[i].seq == r[i].seq && s[i].bytes == r[i].bytes && s[i].dtype == r[i].dtype) continue;
+      out.push_back(fmt::format(
+          "group '{}': rank {}'s send seq {} to rank {} ({} {} bytes) meets recv seq {} ({} {} "
+          "bytes)",
+          group, from, s[i].seq, to, dtype_name(s[i].dtype), s[i].bytes, r[i].seq,
+          dtype_name(r[i].dtype), r[i].bytes));
+      break;
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> check_rank_consistency(const std::vector<Trace>& ranks) {
   std::vector<std::string> out;
   if (ranks.size() < 2) return out;
+  check_p2p(ranks, out);
   const auto ref = by_group(ranks[0]);
   static const Calls kEmpty;
   for (std::size_t r = 1; r < ranks.size(); ++r) {

@@ -1,5 +1,7 @@
 // Cross-rank consistency: every rank of a run must issue the same collectives in the same
-// order on each group (op, group, sequence number, dtype, global shape, reduce op).
+// order on each group (op, group, sequence number, dtype, global shape, reduce op); every send
+// from one traced rank to another meets the receiver's recv of the same number, bytes and dtype
+// (peers placed on the run's mesh, the trace metadata's "mesh").
 #pragma once
 
 #include <string>

@@ -9,6 +9,11 @@
 
 namespace commtrace {
 
+std::string GroupStat::name() const {
+  if (from < 0) return collective_name(op);
+  return fmt::format("{} {}\u2192{}", collective_name(op), from, to);
+}
+
 OpStat ModuleCounts::op(Phase p, Collective c) const {
   OpStat s;
   for (const GroupStat& g : phases[std::size_t(p)]) {
@@ -107,20 +112,23 @@ CountTree count_blocks(const Trace& t, const Block* only, const TraceCost* cost)
     }
     const std::string_view group = t.str(r.collective.group);
     const double estimate = cost ? cost->of(r).seconds : 0.0;
+    const CollectiveInfo& c = r.collective;
+    const bool p2p = (c.op == Collective::Send || c.op == Collective::Recv) && c.peer >= 0;
+    const int from = !p2p ? -1 : c.op == Collective::Send ? c.group_rank : c.peer;
+    const int to = !p2p ? -1 : c.op == Collective::Send ? c.peer : c.group_rank;
     // Walk to the root; at most n steps even if parent links loop.
     int m = int(r.module);
     for (int steps = 0; m >= 0 && m < n && steps <= n; ++steps) {
       auto& list = tree.modules[std::size_t(slot[std::size_t(m)])].phases[std::size_t(r.phase)];
       GroupStat* g = nullptr;
       for (GroupStat& x : list) {
-        if (x.op == r.collective.op && x.group_size == r.collective.group_size &&
-            x.group == group) {
+        if (x.op == c.op && x.group_size == c.group_size && x.group == group && x.from == from &&
+            x.to == to) {
           g = &x;
         }
       }
       if (!g) {
-        g = &list.emplace_back(
-            GroupStat{r.collective.op, std::string(group), r.collective.group_size, {}});
+        g = &list.emplace_back(GroupStat{c.op, std::string(group), c.group_size, from, to, {}});
       }
       g->stat.count += repeat;
       g->stat.bytes += r.collective.bytes * repeat;

@@ -22,12 +22,16 @@ struct OpStat {
   unsigned dtype_mask = 0;  // bit d set when a record of DType d is counted
 };
 
-// One collective on one group (the group's name and size; "" and 0 from PyTorch dumps).
+// One collective on one group (the group's name and size; "" and 0 from PyTorch dumps). A send
+// or recv is counted per direction: `from` → `to` in group ranks (a ring shows as its steps).
 struct GroupStat {
   Collective op = Collective::AllReduce;
   std::string group;
   int group_size = 0;
+  int from = -1, to = -1;
   OpStat stat;
+  // "all_reduce", or "send 0→1" / "recv 3→0" for point-to-point.
+  std::string name() const;
 };
 
 struct ModuleCounts {

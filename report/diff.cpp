@@ -224,7 +224,8 @@ std::string render_diff(const DiffResult& d, bool color) {
     for (const PhaseBus& p : d.bus) {
       const auto a = std::int64_t(std::llround(p.a)), b = std::int64_t(std::llround(p.b));
       items.push_back(fmt::format("{} {} \u2192 {} ({})", phase_name(p.phase),
-                                  format_bytes(std::uint64_t(a)), format_bytes(std::uint64_t(b)), paint(signed_bytes(b - a), b > a ? 1 : -1)));
+                                  format_bytes(std::uint64_t(a)), format_bytes(std::uint64_t(b)),
+                                  paint(signed_bytes(b - a), b > a ? 1 : -1)));
     }
     out += fmt::format("bus bytes: {}\n", fmt::join(items, "; "));
   }

@@ -52,12 +52,13 @@ std::string collective_line(const Trace& t, const Record& r, std::uint32_t repea
   return line;
 }
 
-// (collective name, group, size) order: the order rows are listed in.
+// (collective name, group, size, direction) order: the order rows are listed in.
 bool row_less(const GroupStat& a, const GroupStat& b) {
   const std::string_view na = collective_name(a.op), nb = collective_name(b.op);
   if (na != nb) return na < nb;
   if (a.group != b.group) return a.group < b.group;
-  return a.group_size < b.group_size;
+  if (a.group_size != b.group_size) return a.group_size < b.group_size;
+  return std::pair(a.from, a.to) < std::pair(b.from, b.to);
 }
 
 std::vector<GroupStat> sorted_rows(std::vector<GroupStat> rows) {
@@ -116,8 +117,8 @@ std::string render_tree(const Trace& t, const TreeOptions& o) {
         const std::string bytes = counts.has_bytes ? format_bytes(g.stat.bytes) : "-";
         const std::string group =
             g.group_size > 0 ? fmt::format("  {}({})", g.group, g.group_size) : "";
-        out += st.coll(fmt::format("{}    {:<15} ×{:<3} {:>10}{}", pad, collective_name(g.op),
-                                   g.stat.count, bytes, group)) +
+        out += st.coll(fmt::format("{}    {:<15} ×{:<3} {:>10}{}", pad, g.name(), g.stat.count,
+                                   bytes, group)) +
                "\n";
       }
       for (const auto& [r, repeat] : mine) {
@@ -257,7 +258,7 @@ std::string render_summary(const Trace& t, const TraceCost* cost) {
       // A group size of 0 is unknown (a PyTorch dump, an import that does not say): no factor.
       const bool sized = g.group_size > 0;
       const double bus = sized ? double(g.stat.bytes) * busbw_factor(g.op, g.group_size) : 0;
-      out += row(phase_name(ph), collective_name(g.op), g.group.empty() ? "-" : g.group,
+      out += row(phase_name(ph), g.name(), g.group.empty() ? "-" : g.group,
                  sized ? std::to_string(g.group_size) : "?", std::to_string(g.stat.count),
                  bytes ? format_bytes(g.stat.bytes) : "-",
                  bytes && sized ? format_bytes(std::uint64_t(bus + 0.5)) : "-",

@@ -1,5 +1,6 @@
 #include "parallel/plans/context.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -11,9 +12,10 @@
 namespace commtrace {
 
 void ContextParallel::check() const {
-  static const std::vector<std::string> kFamilies{"ulysses", "rsa"};
-  COMMTRACE_CHECK(family == "ulysses" || family == "rsa", ErrorCode::InvalidArgument,
-                  "context parallel family '{}'{}: ulysses or rsa", family,
+  static const std::vector<std::string> kFamilies{"ulysses", "ring", "rsa"};
+  COMMTRACE_CHECK(std::find(kFamilies.begin(), kFamilies.end(), family) != kFamilies.end(),
+                  ErrorCode::InvalidArgument,
+                  "context parallel family '{}'{}: ulysses, ring or rsa", family,
                   did_you_mean(family, kFamilies));
   COMMTRACE_CHECK(grad_reduction == "all_reduce" || grad_reduction == "reduce_scatter",
                   ErrorCode::InvalidArgument,
@@ -35,6 +37,13 @@ std::string ContextParallel::str() const {
 }
 
 namespace {
+
+// The context of collectives that serve no redistribution: a reason alone.
+CollectiveContext because(const Reason& why) {
+  CollectiveContext c;
+  c.reason = why;
+  return c;
+}
 
 // ---------------------------------------------------------------- ulysses
 
@@ -92,6 +101,97 @@ class UlyssesCore : public AttentionCore {
   Reason out_{"Ulysses: attention output from head- to sequence-sharded"};
 };
 
+// ---------------------------------------------------------------- ring
+
+// One ring step: every tensor of `xs` goes to the next rank and the previous rank's arrive, in
+// one batch (sends first, then receives, as PyTorch's batch_isend_irecv lists them).
+std::vector<Tensor> rotate(Communicator& c, const std::vector<Tensor>& xs, const Reason& why) {
+  const int next = (c.rank() + 1) % c.size(), prev = (c.rank() + c.size() - 1) % c.size();
+  std::vector<Tensor> got;
+  std::vector<P2POp> ops;
+  for (const Tensor& x : xs) {
+    got.push_back(Tensor::empty(x.shape(), x.dtype(), x.device()));
+    ops.push_back({P2POp::Kind::Send, x, next});
+  }
+  for (const Tensor& g : got) ops.push_back({P2POp::Kind::Recv, g, prev});
+  const CollectiveScope scope(because(why));
+  c.batch_p2p(ops);
+  return got;
+}
+
+// Ring attention (context parallel): q stays, the k and v blocks go around the ring, each step
+// one blockwise attention merged by log-sum-exp; with the causal mask a block from a later rank
+// is skipped (it still travels). Backward sends k and v around again with the gradients of the
+// block held (dk, dv), which accumulate every rank's share and arrive back at their owner after
+// one more step.
+class RingCore : public AttentionCore {
+ public:
+  RingCore(std::shared_ptr<const DeviceMesh> cp, std::int64_t q_pos, bool fault)
+      : cp_(std::move(cp)), q_pos_(q_pos), fault_(fault) {}
+
+  Tensor operator()(const Tensor& q, const Tensor& k, const Tensor& v) const override {
+    Communicator& c = cp_->comm(0);
+    const int w = c.size(), r = c.rank();
+    const std::int64_t tl = q.size(2);
+    Tensor out, lse;
+    {
+      NoGradGuard no_grad;
+      std::vector<Tensor> kv{k, v};
+      for (int j = 0; j < w; ++j) {
+        const int src = ((r - j) % w + w) % w;
+        if (src <= r) {  // causal: later ranks' keys are all masked for these queries
+          auto [o, l] = attention_block(q, kv[0], kv[1], true, q_pos_, src * tl);
+          if (j == 0) {
+            out = o;
+            lse = l;
+          } else {
+            std::tie(out, lse) = attention_merge(out, lse, o, l);
+          }
+        }
+        if (j + 1 < w && !(fault_ && j + 2 == w)) kv = rotate(c, kv, why_fwd_);
+      }
+    }
+    attach_grad(out, "RingAttentionBackward", {q, k, v},
+                [self = *this, q = q.detach(), k = k.detach(), v = v.detach(), out = out.detach(),
+                 lse](const Tensor& g) { return self.backward(g, q, k, v, out, lse); });
+    return out;
+  }
+
+ private:
+  std::vector<Tensor> backward(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& out, const Tensor& lse) const {
+    Communicator& c = cp_->comm(0);
+    const int w = c.size(), r = c.rank();
+    const std::int64_t tl = q.size(2);
+    Tensor dq = zeros_like(q);
+    std::vector<Tensor> kv{k, v}, dkv{zeros_like(k), zeros_like(v)};
+    for (int j = 0; j < w; ++j) {
+      const int src = ((r - j) % w + w) % w;
+      if (src <= r) {
+        const auto [gq, gk, gv] =
+            attention_block_backward(g, q, kv[0], kv[1], out, lse, true, q_pos_, src * tl);
+        dq = add(dq, gq);
+        dkv = {add(dkv[0], gk), add(dkv[1], gv)};
+      }
+      if (j + 1 < w) {
+        std::vector<Tensor> moved = rotate(c, {kv[0], kv[1], dkv[0], dkv[1]}, why_bwd_);
+        kv = {moved[0], moved[1]};
+        dkv = {moved[2], moved[3]};
+      } else if (w > 1) {
+        dkv = rotate(c, dkv, why_home_);  // the gradients of this rank's own k and v come home
+      }
+    }
+    return {dq, dkv[0], dkv[1]};
+  }
+
+  std::shared_ptr<const DeviceMesh> cp_;
+  std::int64_t q_pos_;
+  bool fault_;
+  Reason why_fwd_{"ring attention: k, v blocks to the next rank"};
+  Reason why_bwd_{"ring attention backward: k, v blocks and their dk, dv to the next rank"};
+  Reason why_home_{"ring attention backward: dk, dv home to their owner"};
+};
+
 // ---------------------------------------------------------------- rsa
 
 // ColossalAI's ring_forward: every rank sends x to the next rank and receives the previous
@@ -100,7 +200,7 @@ Tensor ring_forward(Communicator& c, const Tensor& x, const Reason& why) {
   Tensor got = Tensor::empty(x.shape(), x.dtype(), x.device());
   const int next = (c.rank() + 1) % c.size(), prev = (c.rank() + c.size() - 1) % c.size();
   const P2POp ops[] = {{P2POp::Kind::Send, x, next}, {P2POp::Kind::Recv, got, prev}};
-  const CollectiveScope scope(CollectiveContext{why});
+  const CollectiveScope scope(because(why));
   c.batch_p2p(ops);
   return got;
 }
@@ -125,7 +225,7 @@ struct RsaRing {
   Tensor reduce_to_owner(Tensor full, const Reason& why) const {
     Communicator& c = comm();
     const std::int64_t tl = full.size(1) / c.size();
-    const CollectiveScope scope(CollectiveContext{why});
+    const CollectiveScope scope(because(why));
     Tensor mine;
     if (opts.grad_reduction == "all_reduce") {
       c.all_reduce(full, ReduceOp::Sum);
@@ -280,6 +380,8 @@ void apply_context_parallel(Module& model, const std::shared_ptr<const DeviceMes
                       "gives each rank whole heads)",
                       attn->fqn(), attn->n_heads(), w);
       attn->core = std::make_shared<UlyssesCore>(cp, opts.fault == "no_backward_all_to_all");
+    } else if (opts.family == "ring") {
+      attn->core = std::make_shared<RingCore>(cp, offset, opts.fault == "skip_ring_step");
     } else {
       attn->core = std::make_shared<RsaCore>(cp, opts, offset);
     }

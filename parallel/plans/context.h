@@ -9,6 +9,10 @@
 //  - ulysses (DeepSpeed-Ulysses): q, k, v go from sequence- to head-sharded with an all_to_all
 //    each, attention runs on whole sequences of H/W heads, one all_to_all brings the output
 //    back; backward mirrors them. Needs W | heads.
+//  - ring (ring attention, context parallel): q stays local; the k and v blocks travel the
+//    ring with batched send/recv, one blockwise attention per step merged by log-sum-exp (with
+//    the causal offsets: blocks of later ranks are skipped); backward sends them around again
+//    with their dk, dv, which return to their owner after one more step.
 //  - rsa (ColossalAI's ring self-attention, RingQK and RingAV of
 //    colossalai/legacy/nn/layer/parallel_sequence): the scores q kᵀ (T/W, T) and the product
 //    with v are built by passing sub-k and sub-v around the ring (W-1 send/recv steps each,
@@ -26,7 +30,7 @@
 namespace commtrace {
 
 struct ContextParallel {
-  std::string family = "ulysses";  // "ulysses" or "rsa"
+  std::string family = "ulysses";  // "ulysses", "ring" or "rsa"
   // rsa: divide the gradients of q, k and v by the cp size (ColossalAI's published code).
   bool divide_by_world_size = true;
   // rsa: how the gradient of the full k (v) reaches its owner: "all_reduce" and a slice (as
@@ -37,7 +41,8 @@ struct ContextParallel {
   // A deliberate fault, for the tests that show verify catches it (never set by plan files):
   // "no_backward_all_to_all" (ulysses: the output's backward all_to_all is replaced by keeping
   // the rank's own block of the gradient), "skip_ring_step" (rsa: RingQK's last forward ring
-  // step is not taken and its block of scores is zero).
+  // step is not taken and its block of scores is zero; ring: the forward's last step is not
+  // taken, so the last block is the previous one again).
   std::string fault;
 
   // Checks the fields (InvalidArgument naming the field and the choices).

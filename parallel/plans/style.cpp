@@ -485,7 +485,7 @@ Plan load_plan_file(const std::string& path) {
 std::vector<std::string> builtin_plan_names(const std::string& model) {
   if (model == "mlp-stacked") return {"tp"};
   if (model == "decoder") return {"tp", "sp", "torchtitan", "megatron", "megatron-sp"};
-  if (model == "transformer") return {"tp", "sp", "ulysses", "rsa"};
+  if (model == "transformer") return {"tp", "sp", "ulysses", "ring", "rsa"};
   return {"tp", "sp"};
 }
 
@@ -619,7 +619,7 @@ Plan builtin_plan(const std::string& model, const std::string& name) {
     p.styles.emplace_back("output", colwise(sp ? S(1) : R, R, true));
     return p;
   }
-  if (model == "transformer" && (name == "ulysses" || name == "rsa")) {
+  if (model == "transformer" && (name == "ulysses" || name == "ring" || name == "rsa")) {
     ContextParallel cp;
     cp.family = name;
     p.context_parallel = cp;

@@ -106,8 +106,8 @@ Plan plan_from_json_text(const std::string& text, const std::string& source);
 Plan load_plan_file(const std::string& path);
 // Built-in plans: toy and mlp "tp", "sp"; mlp-stacked "tp"; transformer "tp", "sp"; decoder
 // "tp", "sp", "torchtitan" (sp with the output left vocab-sharded and loss parallel), "megatron",
-// "megatron-sp" (fused wqkv required); transformer also "ulysses" and "rsa" (ColossalAI's ring
-// self-attention as published), sequence-parallel families with no styles.
+// "megatron-sp" (fused wqkv required); transformer also "ulysses", "ring" and "rsa" (ColossalAI's
+// ring self-attention as published), sequence-parallel families with no styles.
 Plan builtin_plan(const std::string& model, const std::string& plan);
 // A built-in name of the model family, or a path to a JSON file.
 Plan resolve_plan(const std::string& family, const std::string& plan_or_file);

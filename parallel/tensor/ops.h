@@ -6,6 +6,7 @@
 // bf16 is computed in f32 inside each kernel and stored back as bf16.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -64,6 +65,19 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 Tensor embedding(const Tensor& idx, const Tensor& weight);
 // q, k, v (B, H, T, D) -> (B, H, T, D); softmax(q kᵀ / sqrt(D)) v, causal when asked.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+// Blockwise attention (ring attention's steps; not differentiable): q (B, H, Tq, D), k, v
+// (B, H, Tk, D); query i at global position q_pos + i, key j at k_pos + j (causal: seen when
+// k_pos + j <= q_pos + i), scale 1/sqrt(D). Returns the block's (out, lse (B, H, Tq) in acc
+// dtype; -inf where a row sees no key); merge folds a block into running (out, lse); backward
+// gives one block's (grad q, grad k, grad v) from the rows' final out and lse.
+std::pair<Tensor, Tensor> attention_block(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          bool causal, std::int64_t q_pos, std::int64_t k_pos);
+std::pair<Tensor, Tensor> attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                                          const Tensor& lse_b);
+std::array<Tensor, 3> attention_block_backward(const Tensor& grad_out, const Tensor& q,
+                                               const Tensor& k, const Tensor& v, const Tensor& out,
+                                               const Tensor& lse, bool causal, std::int64_t q_pos,
+                                               std::int64_t k_pos);
 // Mean cross-entropy of logits (N, C) (or (..., C), flattened) against i64 targets (N).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 

@@ -481,6 +481,60 @@ TEST_CASE("cpu attention matches the reference", "[backend][attention]") {
   }
 }
 
+TEST_CASE("cpu blockwise attention matches the reference", "[backend][attention]") {
+  struct Dims {
+    i64 bh, tq, tk, d, q_pos, k_pos;
+  };
+  for (DType dt : kFloating) {
+    const DType adt = acc_dtype(dt);
+    // Blocks on, before and after the diagonal, a block that sees nothing, empty ones.
+    for (Dims s : {Dims{2, 3, 3, 4, 3, 3}, Dims{1, 4, 2, 3, 4, 0}, Dims{2, 2, 3, 2, 0, 2},
+                   Dims{0, 3, 3, 2, 0, 0}, Dims{2, 3, 0, 2, 0, 0}}) {
+      for (bool causal : {true, false}) {
+        INFO(name(dt) << " bh " << s.bh << " tq " << s.tq << " tk " << s.tk << " q_pos " << s.q_pos
+                      << " k_pos " << s.k_pos << " causal " << causal);
+        const i64 nq = s.bh * s.tq * s.d, nk = s.bh * s.tk * s.d, nl = s.bh * s.tq;
+        const double scale = 1.0 / std::sqrt(double(s.d));
+        const In q(dt, random(nq, 101)), k(dt, random(nk, 102)), v(dt, random(nk, 103));
+        Buf out(dt, nq), lse(adt, nl);
+        std::vector<double> want(static_cast<std::size_t>(nq)),
+            want_lse(static_cast<std::size_t>(nl));
+        cpu().attention_block_forward(dt, q.p(), k.p(), v.p(), out.p(), lse.p(), s.bh, s.tq, s.tk,
+                                      s.d, scale, causal, s.q_pos, s.k_pos);
+        ref::attention_block_forward<double>(q.d(), k.d(), v.d(), want.data(), want_lse.data(),
+                                             s.bh, s.tq, s.tk, s.d, scale, causal, s.q_pos,
+                                             s.k_pos);
+        check_close("attention_block_forward", out, want);
+        check_close("attention_block_forward lse", lse, want_lse);
+
+        // Merged into a running block that saw something (its lse finite).
+        const In out0(dt, random(nq, 104)), lse0(adt, random(nl, 105));
+        Buf merged = make(dt, out0.v), merged_lse = make(adt, lse0.v);
+        std::vector<double> want_m = out0.v, want_ml = lse0.v;
+        const In ob(dt, want), lb(adt, want_lse);
+        cpu().attention_merge(dt, merged.p(), merged_lse.p(), ob.p(), lb.p(), nl, s.d);
+        ref::attention_merge<double>(want_m.data(), want_ml.data(), ob.d(), lb.d(), nl, s.d);
+        check_close("attention_merge", merged, want_m);
+        check_close("attention_merge lse", merged_lse, want_ml);
+
+        const In g(dt, random(nq, 106)), o(dt, want_m), l(adt, want_ml);
+        Buf gq(dt, nq), gk(dt, nk), gv(dt, nk);
+        std::vector<double> wq(static_cast<std::size_t>(nq)), wk(static_cast<std::size_t>(nk)),
+            wv(static_cast<std::size_t>(nk));
+        cpu().attention_block_backward(dt, g.p(), q.p(), k.p(), v.p(), o.p(), l.p(), gq.p(), gk.p(),
+                                       gv.p(), s.bh, s.tq, s.tk, s.d, scale, causal, s.q_pos,
+                                       s.k_pos);
+        ref::attention_block_backward<double>(g.d(), q.d(), k.d(), v.d(), o.d(), l.d(), wq.data(),
+                                              wk.data(), wv.data(), s.bh, s.tq, s.tk, s.d, scale,
+                                              causal, s.q_pos, s.k_pos);
+        check_close("attention_block_backward grad_q", gq, wq);
+        check_close("attention_block_backward grad_k", gk, wk);
+        check_close("attention_block_backward grad_v", gv, wv);
+      }
+    }
+  }
+}
+
 TEST_CASE("cpu log_softmax and nll_loss match the reference", "[backend][cross_entropy]") {
   for (DType dt : kFloating) {
     for (auto [n, c] : std::vector<std::pair<i64, i64>>{{1, 1}, {4, 5}, {7, 13}, {3, 40}}) {

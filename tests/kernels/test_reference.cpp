@@ -948,3 +948,64 @@ TEST_CASE("convert between storage dtypes", "[kernels][layout]") {
     REQUIRE(same == big);
   }
 }
+
+// Ring attention's kernels: every query block against every key block, merged by log-sum-exp,
+// is causal attention over the whole sequence; the blocks' backward shares sum to its gradient.
+TEST_CASE("blockwise attention merged over blocks equals attention", "[kernels][attention]") {
+  const i64 bh = 2, t = 6, d = 3, blk = 2, nb = t / blk;
+  const double scale = 1.0 / std::sqrt(double(d));
+  const auto q = random_vec<double>(bh * t * d, 91), k = random_vec<double>(bh * t * d, 92),
+             v = random_vec<double>(bh * t * d, 93), g = random_vec<double>(bh * t * d, 94);
+  std::vector<double> probs;
+  const std::vector<double> want = attn_fwd(q, k, v, probs, bh, t, d, true);
+  std::vector<double> wq(bh * t * d), wk(bh * t * d), wv(bh * t * d);
+  ref::attention_backward<double>(g.data(), q.data(), k.data(), v.data(), probs.data(), wq.data(),
+                                  wk.data(), wv.data(), bh, t, d, scale);
+  // Rows [b * blk, (b + 1) * blk) of every head, as a contiguous (bh, blk, d) block.
+  auto block = [&](const std::vector<double>& x, i64 b) {
+    std::vector<double> out(bh * blk * d);
+    for (i64 h = 0; h < bh; ++h) {
+      std::copy_n(x.begin() + (h * t + b * blk) * d, blk * d, out.begin() + h * blk * d);
+    }
+    return out;
+  };
+  std::vector<double> gq(bh * t * d, 0.0), gk(bh * t * d, 0.0), gv(bh * t * d, 0.0);
+  for (i64 qb = 0; qb < nb; ++qb) {
+    const auto qq = block(q, qb), gg = block(g, qb);
+    std::vector<double> out(bh * blk * d, 0.0), lse(bh * blk, -INFINITY);
+    for (i64 kb = 0; kb < nb; ++kb) {  // every block, masked ones included: they see nothing
+      std::vector<double> o(bh * blk * d), l(bh * blk);
+      ref::attention_block_forward<double>(qq.data(), block(k, kb).data(), block(v, kb).data(),
+                                           o.data(), l.data(), bh, blk, blk, d, scale, true,
+                                           qb * blk, kb * blk);
+      if (kb > qb) {
+        for (double x : l) REQUIRE(x == -INFINITY);
+        for (double x : o) REQUIRE(x == 0.0);
+      }
+      ref::attention_merge<double>(out.data(), lse.data(), o.data(), l.data(), bh * blk, d);
+    }
+    for (i64 h = 0; h < bh; ++h) {
+      for (i64 i = 0; i < blk * d; ++i) {
+        REQUIRE(out[h * blk * d + i] == Approx(want[(h * t + qb * blk) * d + i]).margin(1e-12));
+      }
+    }
+    for (i64 kb = 0; kb < nb; ++kb) {
+      std::vector<double> dq(bh * blk * d), dk(bh * blk * d), dv(bh * blk * d);
+      ref::attention_block_backward<double>(
+          gg.data(), qq.data(), block(k, kb).data(), block(v, kb).data(), out.data(), lse.data(),
+          dq.data(), dk.data(), dv.data(), bh, blk, blk, d, scale, true, qb * blk, kb * blk);
+      for (i64 h = 0; h < bh; ++h) {
+        for (i64 i = 0; i < blk * d; ++i) {
+          gq[(h * t + qb * blk) * d + i] += dq[h * blk * d + i];
+          gk[(h * t + kb * blk) * d + i] += dk[h * blk * d + i];
+          gv[(h * t + kb * blk) * d + i] += dv[h * blk * d + i];
+        }
+      }
+    }
+  }
+  for (i64 i = 0; i < bh * t * d; ++i) {
+    REQUIRE(gq[i] == Approx(wq[i]).margin(1e-12));
+    REQUIRE(gk[i] == Approx(wk[i]).margin(1e-12));
+    REQUIRE(gv[i] == Approx(wv[i]).margin(1e-12));
+  }
+}

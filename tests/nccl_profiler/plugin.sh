@@ -27,7 +27,8 @@ grep -q "(no name) not recorded" "$dir/err-1.txt" || fail "bad: $(cat "$dir/err-
 out="$("$ct" show "$dir/m.json" --rank all)" || fail "--rank all: $out"
 [[ "$out" == *"ranks consistent: 4 ranks issue the same collectives in the same order"* ]] ||
   fail "--rank all: $out"
-# The summary up to the bus bytes (host times vary), and the GPU-timed rows whole: all_reduce
+# The summary up to the bus bytes (host times vary; a send or recv row names its direction, one
+# field more), and the GPU-timed rows whole: all_reduce
 # 4 KiB in 3 µs is 1.37 GB/s.
 got="$(sed -n '/^per iteration/,/^  total/p' <<<"$out" | awk '{s = $1; for (i = 2; i <= 9 && i <= NF; i++) s = s " " $i; print s}')"
 want="per iteration (3 iterations traced, rank 0):
@@ -36,9 +37,9 @@ phase collective group n count bytes bus bytes time
 forward all_gather comm1 2 1 1 KiB 512 B
 forward all_reduce comm1 2 1 4 KiB 4 KiB
 forward broadcast comm0 4 1 64 B 64 B
-forward recv comm0 4 1 128 B 128 B
+forward recv 3→0 comm0 4 1 128 B 128
 forward reduce_scatter comm0 4 1 2 KiB 1.5 KiB
-forward send comm0 4 1 128 B 128 B
+forward send 0→1 comm0 4 1 128 B 128
 total 6 7.31 KiB 6.31 KiB"
 [[ "$got" == "$want"* ]] || fail "summary:
 $out"

@@ -8,6 +8,8 @@
 #include <tuple>
 
 #include "parallel/run/runner.h"
+#include "report/consistency.h"
+#include "report/tree.h"
 #include "tests/catch_compat.h"
 
 using namespace commtrace;
@@ -91,12 +93,14 @@ int total(const Counts& c, Phase ph, const std::string& op) {
 
 }  // namespace
 
-TEST_CASE("context parallel: ulysses and the exact rsa variants pass verify", "[context][verify]") {
+TEST_CASE("context parallel: ulysses, ring and the exact rsa variants pass verify",
+          "[context][verify]") {
   const std::string six = sample_model("transformer_6h.json");    // 6 heads, 12 tokens
   const std::string eight = sample_model("transformer_4l.json");  // 8 heads, 16 tokens
   const PlanFile rsa_ar(rsa_plan(false, "all_reduce"), "rsa_ar");
   const PlanFile rsa_rs(rsa_plan(false, "reduce_scatter"), "rsa_rs");
-  for (const std::string& plan : {std::string("ulysses"), rsa_ar.path, rsa_rs.path}) {
+  for (const std::string& plan :
+       {std::string("ulysses"), std::string("ring"), rsa_ar.path, rsa_rs.path}) {
     for (const auto& [model, world] : std::vector<std::pair<std::string, int>>{
              {"transformer", 1}, {"transformer", 2}, {"transformer", 4}, {six, 3}, {eight, 8}}) {
       ParallelConfig cfg = cp_config(model, world);
@@ -112,8 +116,8 @@ TEST_CASE("context parallel: ulysses and the exact rsa variants pass verify", "[
   }
 }
 
-TEST_CASE("context parallel: ulysses and rsa on dp x cp with DDP", "[context][verify]") {
-  for (const char* plan : {"ulysses"}) {
+TEST_CASE("context parallel: ulysses, ring and rsa on dp x cp with DDP", "[context][verify]") {
+  for (const char* plan : {"ulysses", "ring"}) {
     ParallelConfig cfg = cp_config("transformer", 4);
     cfg.plan = plan;
     cfg.mesh = {2, 2};
@@ -183,6 +187,21 @@ TEST_CASE("context parallel: collectives per layer follow the README's formulas"
     CHECK(at(c, Phase::Backward, "all_to_all", attn).count == 4);
     CHECK(at(c, Phase::Forward, "all_to_all", attn).bytes == 4 * b * h * tl * d * f32);
     CHECK(total(c, Phase::Backward, "all_reduce") == 1);  // parameter gradients, one flat call
+
+    // Ring: W-1 forward steps moving k and v; backward W-1 steps moving k, v, dk, dv and one
+    // taking dk, dv home. Every message is one block, B·H·(T/W)·D elements.
+    o.cfg.plan = "ring";
+    c = cp_collectives(trace_run(o)[0]);
+    {
+      const std::uint64_t steps = std::uint64_t(w) - 1, chunk = b * h * tl * d * f32;
+      CHECK(at(c, Phase::Forward, "send", attn).count == int(2 * steps));
+      CHECK(at(c, Phase::Forward, "recv", attn).count == int(2 * steps));
+      CHECK(at(c, Phase::Forward, "send", attn).bytes == 2 * steps * chunk);
+      CHECK(at(c, Phase::Backward, "send", attn).count == int(4 * steps + 2));
+      CHECK(at(c, Phase::Backward, "recv", attn).count == int(4 * steps + 2));
+      CHECK(at(c, Phase::Backward, "recv", attn).bytes == (4 * steps + 2) * chunk);
+      CHECK(total(c, Phase::Backward, "all_reduce") == 1);
+    }
 
     for (const char* reduction : {"all_reduce", "reduce_scatter"}) {
       const PlanFile plan(rsa_plan(false, reduction), reduction);
@@ -262,4 +281,35 @@ TEST_CASE("context parallel: clear errors", "[context]") {
                            "context_parallel": {"family": "rsa", "fault": "skip_ring_step"}})J",
                        "fault_key");
   CHECK(contains(error_of([&] { load_plan_file(fault.path); }), "fault"));
+}
+
+TEST_CASE("context parallel: the report shows a ring as its steps; every send meets its recv",
+          "[context]") {
+  TraceOptions o;
+  o.cfg = cp_config("transformer", 4);
+  o.cfg.plan = "ring";
+  o.ranks = {0, 1, 2, 3};
+  std::vector<Trace> traces = trace_run(o);
+  REQUIRE(traces.size() == 4);
+  // Rank 0 sends only to rank 1 and receives only from rank 3.
+  const std::string tree = render_tree(traces[0], TreeOptions{});
+  INFO(tree);
+  CHECK(tree.find("send 0→1") != std::string::npos);
+  CHECK(tree.find("recv 3→0") != std::string::npos);
+  CHECK(tree.find("send 0→3") == std::string::npos);
+  const std::string summary = render_summary(traces[2]);
+  CHECK(summary.find("send 2→3") != std::string::npos);
+  CHECK(summary.find("recv 1→2") != std::string::npos);
+  CHECK(check_rank_consistency(traces).empty());
+
+  // One send of rank 1 claims more bytes than rank 2 received: named with both ranks.
+  for (Record& r : traces[1].records) {
+    if (r.kind == EventKind::Collective && r.collective.op == Collective::Send) {
+      r.collective.bytes += 4;
+      break;
+    }
+  }
+  const std::vector<std::string> found = check_rank_consistency(traces);
+  REQUIRE(found.size() == 1);
+  CHECK(found[0].find("group 'cp': rank 1's send seq 0 to rank 2") != std::string::npos);
 }
