@@ -194,15 +194,9 @@ class RingCore : public AttentionCore {
 
 // ---------------------------------------------------------------- rsa
 
-// ColossalAI's ring_forward: every rank sends x to the next rank and receives the previous
-// rank's, in one batch.
+// ColossalAI's ring_forward: x to the next rank, the previous rank's back.
 Tensor ring_forward(Communicator& c, const Tensor& x, const Reason& why) {
-  Tensor got = Tensor::empty(x.shape(), x.dtype(), x.device());
-  const int next = (c.rank() + 1) % c.size(), prev = (c.rank() + c.size() - 1) % c.size();
-  const P2POp ops[] = {{P2POp::Kind::Send, x, next}, {P2POp::Kind::Recv, got, prev}};
-  const CollectiveScope scope(because(why));
-  c.batch_p2p(ops);
-  return got;
+  return rotate(c, {x}, why)[0];
 }
 
 // Where step i's chunk comes from: after i + 1 ring steps a rank holds rank - i - 1's.
