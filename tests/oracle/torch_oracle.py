@@ -121,7 +121,7 @@ def register_cpu_sdpa_strategy():
         return expand_to_full_mesh_op_strategy(mesh, op_schema, lists, input_index=3)
 
 
-def build(model_name, plan, mesh, input_requires_grad):
+def build(model_name, plan, mesh, input_requires_grad, checkpoint_activations=False):
     """Returns (parallelized model, local input) for one rank."""
     sp = plan == "sp"
     torch.manual_seed(0)
@@ -153,7 +153,7 @@ def build(model_name, plan, mesh, input_requires_grad):
         if input_requires_grad:
             raise SystemExit("transformer: tokens are integers; --input-requires-grad does not apply")
         register_cpu_sdpa_strategy()
-        args = ModelArgs(dropout_p=0.0)
+        args = ModelArgs(dropout_p=0.0, checkpoint_activations=checkpoint_activations)
         model = Transformer(args)
         model = Transformer.parallelize(model, mesh, use_seq_parallel=sp)
         inp = torch.randint(args.vocab_size, (8, 8))
@@ -194,6 +194,9 @@ def main(argv=None):
     p.add_argument("--no-reshard-after-forward", action="store_true")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--input-requires-grad", action="store_true")
+    p.add_argument("--checkpoint-activations", action="store_true",
+                   help="transformer: ModelArgs(checkpoint_activations=True), each block under "
+                        "torch.utils.checkpoint (non-reentrant)")
     p.add_argument("--iters", type=int, default=1)
     p.add_argument("--no-optimizer", action="store_true",
                    help="skip the AdamW step (the MLP references were measured without one)")
@@ -230,7 +233,8 @@ def main(argv=None):
                     fully_shard(block, mesh=mesh2["dp"], reshard_after_forward=raf)
                 fully_shard(model, mesh=mesh2["dp"], reshard_after_forward=raf)
         else:
-            model, inp = build(a.model, a.plan, mesh, a.input_requires_grad)
+            model, inp = build(a.model, a.plan, mesh, a.input_requires_grad,
+                               a.checkpoint_activations)
         opt = None if a.no_optimizer else torch.optim.AdamW(
             model.parameters(), lr=0.25, foreach=True)
 
