@@ -30,7 +30,7 @@ std::vector<PlanAdvice> rank_plans(const std::vector<PlanCandidate>& candidates,
         for (const GroupStat& g : phase) {
           s += g.stat.estimate_s;
           n += g.stat.count;
-          if (g.group_size > 0) bus += double(g.stat.bytes) * busbw_factor(g.op, g.group_size);
+          bus += g.stat.bus_bytes;
         }
       }
       if (s >= a.comm_s) {

@@ -131,10 +131,10 @@ CountTree count_blocks(const Trace& t, const Block* only, const TraceCost* cost)
         g = &list.emplace_back(GroupStat{c.op, std::string(group), c.group_size, from, to, {}});
       }
       g->stat.count += repeat;
-      g->stat.bytes += r.collective.bytes * repeat;
-      if (r.collective.group_size > 0) {
-        g->stat.bus_bytes += double(r.collective.bytes * repeat) *
-                             busbw_factor(r.collective.op, r.collective.group_size);
+      g->stat.bytes += c.bytes * repeat;
+      // A group size of 0 is unknown (a PyTorch dump, an import that does not say): no factor.
+      if (c.group_size > 0) {
+        g->stat.bus_bytes += double(c.bytes * repeat) * busbw_factor(c.op, c.group_size);
       }
       g->stat.seconds += r.duration_s * double(repeat);
       g->stat.estimate_s += estimate * double(repeat);
@@ -217,6 +217,7 @@ CountTree collective_counts_per_iteration(const Trace& t, const TraceCost* cost)
                         g.stat.bytes, iters);
         g.stat.count /= iters;
         g.stat.bytes /= std::uint64_t(iters);
+        g.stat.bus_bytes /= iters;
         g.stat.seconds /= iters;
         g.stat.estimate_s /= iters;
       }

@@ -16,7 +16,7 @@ namespace commtrace {
 struct OpStat {
   std::int64_t count = 0;
   std::uint64_t bytes = 0;
-  double bus_bytes = 0;     // bytes × the busbw factor of each record's group size
+  double bus_bytes = 0;     // bytes × the busbw factor of the group size (0: size unknown)
   double seconds = 0;       // the records' durations summed (see has_times)
   double estimate_s = 0;    // the cost model's times summed (with a TraceCost)
   unsigned dtype_mask = 0;  // bit d set when a record of DType d is counted

@@ -73,7 +73,7 @@ struct DiffResult {
 DiffResult diff_traces(const Trace& a, const Trace& b, const DiffOptions& options = {});
 // The aligned text tree and the totals line (a one-line "no differences" when equal).
 std::string render_diff(const DiffResult& d, bool color = false);
-// The same as JSON for scripts ("schema": "commtrace.diff", "version": "1.0"): equal, the two
+// The same as JSON for scripts ("schema": "commtrace.diff", "version": "1.1"): equal, the two
 // sides, per module its rows (phase, collective, count and bytes of each side), the totals and
 // the bus bytes per phase.
 std::string diff_json(const DiffResult& d);

@@ -31,10 +31,9 @@ Json side_json(const HtmlSide& side, int rank, const Topology& topo) {
   double bus = 0, est = 0;
   for (Phase ph : kPhases) {
     for (const GroupStat& g : c.modules.at(0).phases[std::size_t(ph)]) {
-      const double b =
-          g.group_size > 0 ? double(g.stat.bytes) * busbw_factor(g.op, g.group_size) : 0;
+      const double b = g.stat.bus_bytes;
       rows.push_back(Json{{"phase", phase_name(ph)},
-                          {"collective", collective_name(g.op)},
+                          {"collective", g.name()},
                           {"group", g.group},
                           {"n", g.group_size},
                           {"count", g.stat.count},

@@ -1,8 +1,9 @@
 // commtrace's own trace format: versioned JSON ("schema": "commtrace.trace", "version": "2.1";
 // minor = field added, major = field changed) holding every traced rank's module tree, meshes
 // and records (blocks of iterations, a repeated block stored once with its repeat count), and
-// the run's metadata, and (2.1) each rank's memory per module. Written streamed, compact unless pretty. The reader takes 2.x and the
-// 1.x files of earlier releases (display strings parsed back into data).
+// the run's metadata, and (2.1) each rank's memory per module. Written streamed, compact unless
+// pretty. The reader takes 2.x and the 1.x files of earlier releases (display strings parsed back
+// into data).
 #pragma once
 
 #include <string>

@@ -255,9 +255,8 @@ std::string render_summary(const Trace& t, const TraceCost* cost) {
     double phase_est = 0;
     bool phase_any = false;
     for (const GroupStat& g : sorted_rows(counts.modules[0].phases[std::size_t(ph)])) {
-      // A group size of 0 is unknown (a PyTorch dump, an import that does not say): no factor.
-      const bool sized = g.group_size > 0;
-      const double bus = sized ? double(g.stat.bytes) * busbw_factor(g.op, g.group_size) : 0;
+      const bool sized = g.group_size > 0;  // 0: unknown, no bus bytes
+      const double bus = g.stat.bus_bytes;
       out += row(phase_name(ph), g.name(), g.group.empty() ? "-" : g.group,
                  sized ? std::to_string(g.group_size) : "?", std::to_string(g.stat.count),
                  bytes ? format_bytes(g.stat.bytes) : "-",

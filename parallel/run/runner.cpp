@@ -43,18 +43,11 @@ namespace {
 
 int dp_size(const RankState& s) { return s.dp ? s.dp->size() : 1; }
 
-// Rows [chunk i of w] of dim 0.
-Tensor slice_rows(const Tensor& t, int w, int i) {
-  const ChunkRange c = chunk_range(t.size(0), w, i);
+// Chunk i of w of `dim` (rows: 0; a sequence: 1).
+Tensor slice_chunk(const Tensor& t, int dim, int w, int i) {
+  const ChunkRange c = chunk_range(t.size(dim), w, i);
   NoGradGuard no_grad;
-  return clone(narrow(t, 0, c.begin, c.size));
-}
-
-// Columns [chunk i of w] of dim 1.
-Tensor slice_columns(const Tensor& t, int w, int i) {
-  const ChunkRange c = chunk_range(t.size(1), w, i);
-  NoGradGuard no_grad;
-  return clone(narrow(t, 1, c.begin, c.size));
+  return clone(narrow(t, dim, c.begin, c.size));
 }
 
 std::int64_t global_rows_scale(const Plan& plan, int dp, int tp) {
@@ -84,7 +77,7 @@ RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg) {
   s.entry = &resolve_model(cfg.model);
   s.plan = config_plan(cfg);
   const bool cp = s.plan.context_parallel.has_value();
-  std::vector<std::string> names;
+  std::vector<std::string> names;  // empty: the defaults ("tp"; "dp", "tp")
   if (cp)
     names =
         shape.size() == 2 ? std::vector<std::string>{"dp", "cp"} : std::vector<std::string>{"cp"};
@@ -111,16 +104,16 @@ RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg) {
   Batch full = s.entry->batch(cfg.seed, cfg.module, global_rows_scale(s.plan, dp, tp));
   s.batch = full;
   if (dp > 1) {
-    s.batch.input = slice_rows(s.batch.input, dp, s.mesh->coordinate(0));
-    s.batch.target = slice_rows(s.batch.target, dp, s.mesh->coordinate(0));
+    s.batch.input = slice_chunk(s.batch.input, 0, dp, s.mesh->coordinate(0));
+    s.batch.target = slice_chunk(s.batch.target, 0, dp, s.mesh->coordinate(0));
   }
   if (cp) {
     apply_context_parallel(*s.model, s.cp, *s.plan.context_parallel, s.batch.input.size(1));
-    s.batch.input = slice_columns(s.batch.input, tp, s.cp->coordinate(0));
-    s.batch.target = slice_columns(s.batch.target, tp, s.cp->coordinate(0));
+    s.batch.input = slice_chunk(s.batch.input, 1, tp, s.cp->coordinate(0));
+    s.batch.target = slice_chunk(s.batch.target, 1, tp, s.cp->coordinate(0));
   } else if (s.plan.model_input.is_shard(0)) {
-    s.batch.input = slice_rows(s.batch.input, tp, s.tp->coordinate(0));
-    s.batch.target = slice_rows(s.batch.target, tp, s.tp->coordinate(0));
+    s.batch.input = slice_chunk(s.batch.input, 0, tp, s.tp->coordinate(0));
+    s.batch.target = slice_chunk(s.batch.target, 0, tp, s.tp->coordinate(0));
   }
   if (cfg.input_requires_grad && is_floating(s.batch.input.dtype())) {
     s.batch.input = s.batch.input.detach();

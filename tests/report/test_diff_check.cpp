@@ -132,6 +132,25 @@ Trace tiny(const std::vector<std::tuple<int, Phase, std::string>>& ops) {
 
 }  // namespace
 
+TEST_CASE("counts: bus bytes, and per iteration without blocks", "[report][counts]") {
+  // toy TP at world 4: the forward all_reduce of 400 B carries 2·3/4 of it on the bus.
+  const OpStat one =
+      collective_counts(toy_tp()).modules[0].op(Phase::Forward, Collective::AllReduce);
+  REQUIRE(one.bus_bytes == Approx(600));
+  // Two iterations stored as plain records (no blocks, as an import may give): every sum,
+  // bus bytes included, is halved back to one iteration's.
+  Trace twice = toy_tp();
+  twice.blocks.clear();
+  const std::vector<Record> records = twice.records;
+  twice.records.insert(twice.records.end(), records.begin(), records.end());
+  twice.metadata["iterations"] = "2";
+  const OpStat per =
+      collective_counts_per_iteration(twice).modules[0].op(Phase::Forward, Collective::AllReduce);
+  REQUIRE(per.count == one.count);
+  REQUIRE(per.bytes == one.bytes);
+  REQUIRE(per.bus_bytes == Approx(one.bus_bytes));
+}
+
 TEST_CASE("counts: rolled up per module and phase, Global first", "[report][counts]") {
   const CountTree c = collective_counts(toy_tp());
   REQUIRE(c.has_bytes);
@@ -231,8 +250,9 @@ TEST_CASE("diff: toy TP vs SP", "[report][diff]") {
   REQUIRE(contains(text, "+1 all_gather, +1 reduce_scatter; backward +1 all_gather\n"));
   // Bus bytes per phase (world 4): all_reduce 400 B × 2·3/4; all_gather 3200 B and
   // reduce_scatter 1600 B × 3/4; backward's all_gather 1600 B × 3/4.
-  REQUIRE(contains(text, "\nbus bytes: forward 600 B → 3.52 KiB (+2.93 KiB); backward 0 B → "
-                         "1.17 KiB (+1.17 KiB)\n"));
+  REQUIRE(contains(text,
+                   "\nbus bytes: forward 600 B → 3.52 KiB (+2.93 KiB); backward 0 B → "
+                   "1.17 KiB (+1.17 KiB)\n"));
   REQUIRE(diff.bus.size() == 2);
   REQUIRE(diff.bus[0].a == Approx(600));
   REQUIRE_FALSE(contains(text, "\x1b["));
