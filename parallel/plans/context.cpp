@@ -350,6 +350,20 @@ class RsaCore : public AttentionCore {
 
 }  // namespace
 
+std::shared_ptr<const AttentionCore> make_context_core(const std::shared_ptr<const DeviceMesh>& cp,
+                                                       const ContextParallel& opts,
+                                                       std::int64_t q_offset) {
+  opts.check();
+  COMMTRACE_CHECK(cp->ndim() == 1, ErrorCode::Internal, "context parallel: a 1-D mesh expected");
+  if (opts.family == "ulysses") {
+    return std::make_shared<UlyssesCore>(cp, opts.fault == "no_backward_all_to_all");
+  }
+  if (opts.family == "ring") {
+    return std::make_shared<RingCore>(cp, q_offset, opts.fault == "skip_ring_step");
+  }
+  return std::make_shared<RsaCore>(cp, opts, q_offset);
+}
+
 void apply_context_parallel(Module& model, const std::shared_ptr<const DeviceMesh>& cp,
                             const ContextParallel& opts, std::int64_t seq_len) {
   opts.check();
@@ -373,12 +387,8 @@ void apply_context_parallel(Module& model, const std::shared_ptr<const DeviceMes
                       "ulysses: {} has {} heads, not divisible by the cp size {} (the all_to_all "
                       "gives each rank whole heads)",
                       attn->fqn(), attn->n_heads(), w);
-      attn->core = std::make_shared<UlyssesCore>(cp, opts.fault == "no_backward_all_to_all");
-    } else if (opts.family == "ring") {
-      attn->core = std::make_shared<RingCore>(cp, offset, opts.fault == "skip_ring_step");
-    } else {
-      attn->core = std::make_shared<RsaCore>(cp, opts, offset);
     }
+    attn->core = make_context_core(cp, opts, offset);
   }
 }
 

@@ -25,6 +25,7 @@
 #include <string>
 
 #include "parallel/comm/mesh.h"
+#include "parallel/nn/models.h"
 #include "parallel/nn/nn.h"
 
 namespace commtrace {
@@ -50,6 +51,13 @@ struct ContextParallel {
   // "rsa (divide_by_world_size, all_reduce + slice; parameter gradients avg over cp)".
   std::string str() const;
 };
+
+// The family's core attention over the 1-D mesh `cp` for a rank whose sub-sequence starts at
+// global position `q_offset` (attention heads are not checked here: ulysses needs the cp size to
+// divide them). Used by apply_context_parallel and by the oracle that runs the cores alone.
+std::shared_ptr<const AttentionCore> make_context_core(const std::shared_ptr<const DeviceMesh>& cp,
+                                                       const ContextParallel& opts,
+                                                       std::int64_t q_offset);
 
 // Installs the family's core into every Attention module of `model` (a transformer; else
 // InvalidArgument) over the 1-D mesh `cp`, and sets the model's position offset for this rank's
