@@ -1,5 +1,6 @@
 #include "parallel/nn/models.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -163,6 +164,7 @@ ModelEntry dense_entry(
     b.target = randn({rows * scale, out}, gen, o.dtype, o.device);
     return b;
   };
+  e.output_shape = [rows, out](std::int64_t scale) { return Shape{rows * scale, out}; };
   e.loss = mse;
   return e;
 }
@@ -184,8 +186,73 @@ void set_token_model(
     b.target = randint({batch * scale, seq}, 0, vocab, gen, o.device);
     return b;
   };
+  e.output_shape = [vocab, batch, seq](std::int64_t scale) {
+    return Shape{batch * scale, seq, vocab};
+  };
+  e.loss_name = "cross_entropy";
   e.loss = [](const Tensor& out, const Batch& b) { return cross_entropy(out, b.target); };
   e.cross_entropy_loss = true;
+}
+
+// A model file's "loss": the loss and a batch whose target fits it, drawn after the base's
+// batch from its own stream (the base's input is unchanged).
+void set_loss(ModelEntry& e, const std::string& name) {
+  if (name == e.loss_name) return;
+  e.loss_name = name;
+  e.cross_entropy_loss = name == "cross_entropy";
+  if (name == "sum") {
+    e.loss = [](const Tensor& out, const Batch&) { return sum(out); };
+  } else if (name == "mse") {
+    e.loss = mse;
+  } else {
+    e.loss = [](const Tensor& out, const Batch& b) { return cross_entropy(out, b.target); };
+  }
+  e.batch = [base = e.batch, shape_of = e.output_shape, name](
+                std::uint64_t seed, const ModuleOptions& o, std::int64_t scale) {
+    Batch b = base(seed, o, scale);
+    Generator gen(seed ^ 0x1055ull);
+    Shape out = shape_of(scale);
+    if (name == "sum") {
+      b.target = Tensor();
+    } else if (name == "mse") {
+      b.target = randn(out, gen, o.dtype, o.device);
+    } else {  // class indices over the output's last dim
+      const std::int64_t classes = out.back();
+      out.pop_back();
+      b.target = randint(out, 0, classes, gen, o.device);
+    }
+    return b;
+  };
+}
+
+// A model file's "freeze": every parameter matching a pattern is built without requires_grad.
+// REQUIRES: each pattern matches a parameter of the model (else the file fails naming it).
+void set_freeze(ModelEntry& e, std::vector<std::string> patterns, JsonReader& rd,
+                const JsonPath& path) {
+  std::vector<std::string> names;
+  for (const auto& [name, p] :
+       e.build(0, ModuleOptions{DType::F32, Device::Meta})->named_parameters()) {
+    names.push_back(name);
+  }
+  for (std::size_t i = 0; i < patterns.size(); ++i) {
+    const bool hit = std::any_of(names.begin(), names.end(),
+                                 [&](const std::string& n) { return glob_match(patterns[i], n); });
+    if (!hit) {
+      rd.fail(path.index(i), fmt::format("'{}' matches no parameter of {}{}", patterns[i], e.name,
+                                         did_you_mean(patterns[i], names)));
+    }
+  }
+  e.freeze = patterns;
+  e.build = [base = e.build, patterns = std::move(patterns)](std::uint64_t seed,
+                                                             const ModuleOptions& o) {
+    std::shared_ptr<Module> m = base(seed, o);
+    for (auto& [name, p] : m->named_parameters()) {
+      for (const std::string& pat : patterns) {
+        if (glob_match(pat, name)) p.set_requires_grad(false);
+      }
+    }
+    return m;
+  };
 }
 
 void set_transformer(ModelEntry& t, const ModelArgs& a, std::int64_t batch, std::int64_t seq) {
@@ -264,8 +331,8 @@ ModelEntry model_from_json_text(const std::string& text, const std::string& sour
   JsonReader rd(source);
   const Json j = rd.parse(text, "a JSON object with \"schema\": \"commtrace.model\"");
   const JsonPath top;
-  rd.check_header(j, "commtrace.model", {{1, 0}}, "model");
-  rd.check_keys(j, top, {"schema", "version", "name", "base", "args"});
+  rd.check_header(j, "commtrace.model", {{1, 1}}, "model");
+  rd.check_keys(j, top, {"schema", "version", "name", "base", "args", "loss", "freeze"});
   ModelEntry e = rd.parse_with(rd.at(j, "base", top), top.key("base"),
                                [](const std::string& base) { return find_model(base); });
   const Json* name = rd.find(j, "name");
@@ -396,7 +463,44 @@ ModelEntry model_from_json_text(const std::string& text, const std::string& sour
   } else {
     rd.check_keys(args, apath, {});
   }
+  if (const Json* loss = rd.find(j, "loss")) {
+    const std::string name = rd.str(*loss, top.key("loss"));
+    if (name != "mse" && name != "sum" && name != "cross_entropy") {
+      rd.fail(top.key("loss"),
+              fmt::format("unknown loss '{}' (known: mse, sum, cross_entropy)", name));
+    }
+    set_loss(e, name);
+  }
+  if (const Json* freeze = rd.find(j, "freeze")) {
+    const JsonPath fpath = top.key("freeze");
+    std::vector<std::string> patterns;
+    const Json& list = rd.array(*freeze, fpath);
+    for (std::size_t i = 0; i < list.size(); ++i)
+      patterns.push_back(rd.str(list[i], fpath.index(i)));
+    set_freeze(e, std::move(patterns), rd, fpath);
+  }
   return e;
+}
+
+bool glob_match(std::string_view pattern, std::string_view name) {
+  // Iterative wildcard matching: on a mismatch after a '*', let that '*' take one more char.
+  std::size_t p = 0, n = 0, star = std::string_view::npos, resume = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+      ++p;
+      ++n;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      resume = n;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      n = ++resume;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
 }
 
 const ModelEntry& resolve_model(const std::string& name_or_file) {

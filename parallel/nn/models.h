@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "parallel/nn/nn.h"
@@ -139,10 +140,21 @@ struct ModelEntry {
   // The same batch for the same seed. `rows` multiplies the leading (batch) dim: a data- or
   // sequence-parallel run builds the global batch that the ranks then split.
   std::function<Batch(std::uint64_t seed, const ModuleOptions&, std::int64_t rows)> batch;
-  // toy, mlp: mean squared error to a fixed random target; transformer, decoder: cross-entropy.
+  // The loss of an output and its batch, by name: "mse" (mean squared error to a fixed random
+  // target shaped like the output; toy, mlp), "cross_entropy" (against random class indices
+  // over the output's last dim; transformer, decoder) or "sum" (the output's sum, no target).
+  // A model file may choose another ("loss").
+  std::string loss_name = "mse";
   std::function<Tensor(const Tensor& output, const Batch& batch)> loss;
   bool cross_entropy_loss = false;  // the loss is cross_entropy(output, target) (loss parallel)
+  std::function<Shape(std::int64_t rows)> output_shape;  // the output of batch(.., rows)
+  // Glob patterns ('*' any run of characters, '?' one) of parameters built without
+  // requires_grad (a model file's "freeze"); each matches at least one parameter.
+  std::vector<std::string> freeze;
 };
+
+// Whether `name` matches the glob `pattern` ('*': any run of characters, dots too; '?': one).
+bool glob_match(std::string_view pattern, std::string_view name);
 
 const std::vector<ModelEntry>& model_zoo();
 // REQUIRES: a zoo name (else InvalidArgument listing the names).

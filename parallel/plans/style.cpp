@@ -43,8 +43,7 @@ void distribute_param(Module& m, const std::string& name,
       return;
     }
   }
-  Tensor d = distribute_tensor(p, mesh, placements);
-  d.set_requires_grad(true);
+  Tensor d = distribute_tensor(p, mesh, placements);  // keeps requires_grad (frozen: off)
   if (g_distributed) {
     (*g_distributed)[p.impl()] = {dist_of(d).placements, d, m.fqn() + "." + name};
   }

@@ -96,6 +96,9 @@ RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg) {
                     "plan '{}': coalesce_partial_grads all-reduces whole gradients after "
                     "backward, and FSDP has reduce-scattered them by then; use ddp on dp",
                     s.plan.name);
+    COMMTRACE_CHECK(s.entry->freeze.empty(), ErrorCode::Unsupported,
+                    "{}: frozen parameters (\"freeze\") run with ddp on dp, not fsdp",
+                    s.entry->name);
     s.fsdp =
         std::make_shared<FullyShard>(*s.model, s.mesh, 0, FsdpOptions{cfg.reshard_after_forward});
   }
@@ -103,17 +106,17 @@ RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg) {
   const int dp = dp_size(s), tp = s.tp->size(0);
   Batch full = s.entry->batch(cfg.seed, cfg.module, global_rows_scale(s.plan, dp, tp));
   s.batch = full;
-  if (dp > 1) {
-    s.batch.input = slice_chunk(s.batch.input, 0, dp, s.mesh->coordinate(0));
-    s.batch.target = slice_chunk(s.batch.target, 0, dp, s.mesh->coordinate(0));
-  }
+  // The input and the target (none for a "sum" loss) split alike.
+  auto split = [&](int dim, int parts, int index) {
+    s.batch.input = slice_chunk(s.batch.input, dim, parts, index);
+    if (s.batch.target.defined()) s.batch.target = slice_chunk(s.batch.target, dim, parts, index);
+  };
+  if (dp > 1) split(0, dp, s.mesh->coordinate(0));
   if (cp) {
     apply_context_parallel(*s.model, s.cp, *s.plan.context_parallel, s.batch.input.size(1));
-    s.batch.input = slice_chunk(s.batch.input, 1, tp, s.cp->coordinate(0));
-    s.batch.target = slice_chunk(s.batch.target, 1, tp, s.cp->coordinate(0));
+    split(1, tp, s.cp->coordinate(0));
   } else if (s.plan.model_input.is_shard(0)) {
-    s.batch.input = slice_chunk(s.batch.input, 0, tp, s.tp->coordinate(0));
-    s.batch.target = slice_chunk(s.batch.target, 0, tp, s.tp->coordinate(0));
+    split(0, tp, s.tp->coordinate(0));
   }
   if (cfg.input_requires_grad && is_floating(s.batch.input.dtype())) {
     s.batch.input = s.batch.input.detach();
@@ -153,11 +156,21 @@ StepOut forward_loss(RankState& s) {
     if (p[0].is_shard()) g[std::size_t(p[0].dim)] *= s.tp->size(0);
     return g;
   };
+  const Shape local_out = out.output.shape();
   out.output = from_local(out.output, s.tp, pl, global_of(out.output, pl),
                           "model output grad (from_local backward)");
   Batch b = s.batch;
-  const Placements target_pl = placed(s.batch.target);
-  b.target = from_local(s.batch.target, s.tp, target_pl, global_of(s.batch.target, target_pl));
+  if (b.target.defined()) {
+    const Placements target_pl = placed(b.target);
+    // A target shaped like the output but whole where the output is this rank's shard (an mse
+    // target against vocab-sharded logits): its matching chunk.
+    const Placement& tpl = target_pl[0];
+    if (tpl.is_shard() && b.target.dim() == out.output.dim() &&
+        b.target.size(tpl.dim) == local_out[std::size_t(tpl.dim)] * s.tp->size(0)) {
+      b.target = slice_chunk(b.target, tpl.dim, s.tp->size(0), s.tp->coordinate(0));
+    }
+    b.target = from_local(b.target, s.tp, target_pl, global_of(b.target, target_pl));
+  }
   out.loss = s.entry->loss(out.output, b);
   return out;
 }
@@ -570,10 +583,17 @@ Values reference_run(const ParallelConfig& cfg, const Plan& plan, int dp, int tp
   const bool input_grad = cfg.input_requires_grad && is_floating(b.input.dtype());
   if (input_grad) b.input.set_requires_grad(true);
   Tensor out = (*model)(b.input);
-  entry.loss(out, b).backward();
+  // The reference is the loss over the whole batch on one device, except that DDP's average
+  // over dp (PyTorch's, not a plan's choice) is taken as given: a "sum" loss is divided by dp
+  // (a mean already is the mean of the replicas' means). A context-parallel reduction is what
+  // verify checks: "avg" is exact for mean losses, "sum" for a sum.
+  Tensor loss = entry.loss(out, b);
+  if (entry.loss_name == "sum" && dp > 1) loss = mul(loss, 1.0 / dp);
+  loss.backward();
   Values v;
   v["output"] = out.to_vector();
   for (const auto& [name, p] : model->named_parameters()) {
+    if (!p.requires_grad()) continue;  // frozen
     v[name + ".grad"] = p.grad().defined() ? p.grad().to_vector()
                                            : std::vector<double>(std::size_t(p.numel()), 0.0);
   }
@@ -618,6 +638,7 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
         }
         mine["output"] = gather_full(s, output, true).to_vector();
         for (const auto& [name, p] : s.model->named_parameters()) {
+          if (!p.requires_grad()) continue;  // frozen
           const Tensor g = parameter_grad(s, name, p);
           mine[name + ".grad"] = g.defined() ? gather_full(s, g, false).to_vector()
                                              : std::vector<double>(std::size_t(p.numel()), 0.0);
@@ -646,6 +667,11 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
   if (!reports) return report;
   if (cfg.input_requires_grad && !ref.count("input.grad")) {
     report.note = "the model's input is integer tokens: --input-requires-grad has no effect";
+  }
+  if (const auto& frozen = resolve_model(cfg.model).freeze; !frozen.empty()) {
+    if (!report.note.empty()) report.note += "; ";
+    report.note += fmt::format("parameters frozen by {} have no gradient and are not compared",
+                               fmt::join(frozen, ", "));
   }
   // A tensor's scale is its largest entry, but at least 1e-3 of the largest gradient entry of the
   // reference run: a gradient that is exactly zero in exact arithmetic (the key projection's

@@ -73,6 +73,31 @@ CASES
 # the attention (feed-forward) input's backward reduce_scatter under attention.wq
 # (feed_forward.w1), the last backward hook; commtrace under attention (feed_forward), whose
 # pre-hook created it (DESIGN §1). Rolled-up counts agree from there up.
+# Frozen parameters: a model file's "freeze" (samples/models) against torch_oracle.py --freeze
+# with the same globs on the file's base model; the backward of what is frozen disappears alike.
+while read -r file plan world depth; do
+  [[ -z "$file" ]] && continue
+  name="frozen-$file-$plan-w$world"
+  model="$here/../../samples/models/$file.json"
+  base="$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["base"])' "$model")"
+  mapfile -t globs < <("$py" -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))["freeze"]))' "$model")
+  if ! "$py" "$here/torch_oracle.py" --model "$base" --plan "$plan" --world-size "$world" \
+      --freeze "${globs[@]}" --no-optimizer --noise-level 0 --out-json "$work/$name.torch.json" \
+      >"$work/$name.log" 2>&1; then
+    echo "FAIL $name: the PyTorch oracle failed"; cat "$work/$name.log"; fails=$((fails + 1)); continue
+  fi
+  "$ct" run --model "$model" --plan "$plan" --world-size "$world" --json "$work/$name.ours.json" \
+    >/dev/null || { echo "FAIL $name: commtrace run failed"; fails=$((fails + 1)); continue; }
+  if out="$("$ct" diff --depth "$depth" "$work/$name.torch.json" "$work/$name.ours.json")"; then
+    echo "ok   $name (diff depth $depth)"
+  else
+    echo "FAIL $name"; echo "$out"; fails=$((fails + 1))
+  fi
+done <<'FROZEN'
+transformer_frozen tp 2 -1
+transformer_frozen tp 4 -1
+transformer_frozen sp 4 3
+FROZEN
 # DDP's buckets (dp 2, tp 1): per iteration, the elements of each dp all_reduce, in order,
 # against PyTorch's DistributedDataParallel (its first iteration one bucket, then rebuilt ones).
 while read -r file cap; do

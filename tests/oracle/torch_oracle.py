@@ -27,6 +27,7 @@ This is a measuring tool, not part of the C++ build. Needs torch (see README.md)
 
 import argparse
 import contextlib
+import fnmatch
 import json
 import sys
 from collections import defaultdict
@@ -197,6 +198,9 @@ def main(argv=None):
     p.add_argument("--checkpoint-activations", action="store_true",
                    help="transformer: ModelArgs(checkpoint_activations=True), each block under "
                         "torch.utils.checkpoint (non-reentrant)")
+    p.add_argument("--freeze", nargs="+", default=[], metavar="PATTERN",
+                   help="parameters whose name matches a glob (fnmatch) get requires_grad=False "
+                        "after parallelization (a commtrace model file's \"freeze\")")
     p.add_argument("--iters", type=int, default=1)
     p.add_argument("--no-optimizer", action="store_true",
                    help="skip the AdamW step (the MLP references were measured without one)")
@@ -235,8 +239,15 @@ def main(argv=None):
         else:
             model, inp = build(a.model, a.plan, mesh, a.input_requires_grad,
                                a.checkpoint_activations)
+        for pattern in a.freeze:
+            hits = [n for n, _ in model.named_parameters() if fnmatch.fnmatchcase(n, pattern)]
+            if not hits:
+                raise SystemExit(f"--freeze {pattern}: matches no parameter")
+        for n, param in model.named_parameters():
+            if any(fnmatch.fnmatchcase(n, pattern) for pattern in a.freeze):
+                param.requires_grad_(False)
         opt = None if a.no_optimizer else torch.optim.AdamW(
-            model.parameters(), lr=0.25, foreach=True)
+            [q for q in model.parameters() if q.requires_grad], lr=0.25, foreach=True)
 
         phase = {k: defaultdict(int) for k in ("forward", "backward", "optimizer")}
         total = defaultdict(int)
