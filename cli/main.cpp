@@ -172,6 +172,7 @@ struct ParallelArgs {
   std::string dtype = "f32";
   std::string ddp_buckets = "default";
   bool no_reshard = false;
+  std::string context_parallel;  // --context-parallel FAMILY
   CLI::Option* world_opt = nullptr;
   Processes procs;  // this process among the launch's (after resolve)
 
@@ -185,7 +186,13 @@ struct ParallelArgs {
                               "Ranks (with --backend mpi: the processes mpirun started)")
                     ->capture_default_str()
                     ->check(CLI::Range(1, 4096));
-    c->add_option("--mesh", mesh, "Mesh shape: N, or DPxTP for data parallel × plan (e.g. 2x2)");
+    c->add_option("--mesh", mesh,
+                  "Mesh shape: N, DPxTP for data parallel × plan (e.g. 2x2); with a "
+                  "context-parallel family CP, DPxCP, or CPxTP / DPxCPxTP beside a plan's styles");
+    c->add_option("--context-parallel", context_parallel,
+                  "A sequence-parallel family on the cp dim beside the plan's styles on tp: "
+                  "ulysses, ring, rsa (as published), or a plan file whose context_parallel "
+                  "to take (e.g. samples/plans/rsa_exact.json)");
     c->add_flag("--input-requires-grad", cfg.input_requires_grad,
                 "The model input requires grad (backward collectives for its gradient)");
     c->add_option("--seed", cfg.seed, "Seed of weights and batch")
@@ -223,6 +230,20 @@ struct ParallelArgs {
   // REQUIRES: cfg.backend set. Starts MPI for the mpi backend.
   void resolve() {
     if (!mesh.empty()) cfg.mesh = parse_mesh_shape(mesh);
+    // A file name, as resolve_plan tells them: ".json" or a '/'.
+    if (context_parallel.find(".json") != std::string::npos ||
+        context_parallel.find('/') != std::string::npos) {
+      const Plan p = load_plan_file(context_parallel);
+      COMMTRACE_CHECK(p.context_parallel.has_value(), ErrorCode::InvalidArgument,
+                      "--context-parallel {}: the plan file has no \"context_parallel\"",
+                      context_parallel);
+      cfg.context_parallel = p.context_parallel;
+    } else if (!context_parallel.empty()) {
+      ContextParallel cp;
+      cp.family = context_parallel;
+      cp.check();  // names the families
+      cfg.context_parallel = cp;
+    }
     cfg.ddp_bucket_mb = ddp_buckets == "default" ? 0.0
                         : ddp_buckets == "none"  ? -1.0
                                                  : std::strtod(ddp_buckets.c_str(), nullptr);

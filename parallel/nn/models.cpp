@@ -5,6 +5,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "parallel/dtensor/dtensor.h"
 #include "parallel/nn/decoder.h"
 #include "parallel/tensor/ops.h"
 #include "tracer/json_io.h"
@@ -69,7 +70,15 @@ Tensor Attention::forward(const Tensor& x) {
   const Tensor q = heads(*wq);
   const Tensor k = heads(*wk);
   const Tensor v = heads(*wv);
-  Tensor o = core ? (*core)(q, k, v) : scaled_dot_product_attention(q, k, v, /*causal=*/true);
+  Tensor o;
+  if (!core) {
+    o = scaled_dot_product_attention(q, k, v, /*causal=*/true);
+  } else if (!is_dtensor(q)) {
+    o = (*core)(q, k, v);
+  } else {  // TP: this rank's heads; the core talks over its own (cp) mesh
+    const DistSpec& d = dist_of(q);
+    o = from_local((*core)(to_local(q), to_local(k), to_local(v)), d.mesh, d.placements, q.shape());
+  }
   o = view(transpose(o, 1, 2), {b, tt, -1});
   return (*resid_dropout)((*wo)(o));
 }

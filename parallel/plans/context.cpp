@@ -365,7 +365,7 @@ std::shared_ptr<const AttentionCore> make_context_core(const std::shared_ptr<con
 }
 
 void apply_context_parallel(Module& model, const std::shared_ptr<const DeviceMesh>& cp,
-                            const ContextParallel& opts, std::int64_t seq_len) {
+                            const ContextParallel& opts, std::int64_t seq_len, int tp_size) {
   opts.check();
   COMMTRACE_CHECK(cp->ndim() == 1, ErrorCode::Internal, "context parallel: a 1-D mesh expected");
   auto* root = dynamic_cast<Transformer*>(&model);
@@ -382,11 +382,17 @@ void apply_context_parallel(Module& model, const std::shared_ptr<const DeviceMes
   for (auto& [path, m] : model.named_modules()) {
     auto* attn = dynamic_cast<Attention*>(m);
     if (!attn) continue;
-    if (opts.family == "ulysses") {
+    if (opts.family == "ulysses" && tp_size == 1) {
       COMMTRACE_CHECK(attn->n_heads() % w == 0, ErrorCode::InvalidArgument,
                       "ulysses: {} has {} heads, not divisible by the cp size {} (the all_to_all "
                       "gives each rank whole heads)",
                       attn->fqn(), attn->n_heads(), w);
+    } else if (opts.family == "ulysses") {
+      COMMTRACE_CHECK(attn->n_heads() % (std::int64_t(tp_size) * w) == 0,
+                      ErrorCode::InvalidArgument,
+                      "ulysses: {} has {} heads, {} per tp rank, not divisible by the cp size {} "
+                      "(the all_to_all gives each rank whole heads)",
+                      attn->fqn(), attn->n_heads(), attn->n_heads() / tp_size, w);
     }
     attn->core = make_context_core(cp, opts, offset);
   }

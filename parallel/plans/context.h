@@ -61,9 +61,11 @@ std::shared_ptr<const AttentionCore> make_context_core(const std::shared_ptr<con
 
 // Installs the family's core into every Attention module of `model` (a transformer; else
 // InvalidArgument) over the 1-D mesh `cp`, and sets the model's position offset for this rank's
-// chunk of a sequence of `seq_len` tokens. REQUIRES: cp divides seq_len (and, for ulysses, every
-// attention's head count); else InvalidArgument naming both numbers.
+// chunk of a sequence of `seq_len` tokens. With TP on another dim (`tp_size` > 1) a core runs on
+// this rank's heads (attention's q, k, v are DTensors sharded on heads over tp). REQUIRES: cp
+// divides seq_len (and, for ulysses, every attention's heads per tp rank); else
+// InvalidArgument naming the numbers.
 void apply_context_parallel(Module& model, const std::shared_ptr<const DeviceMesh>& cp,
-                            const ContextParallel& opts, std::int64_t seq_len);
+                            const ContextParallel& opts, std::int64_t seq_len, int tp_size = 1);
 
 }  // namespace commtrace

@@ -21,8 +21,8 @@ std::vector<int> mesh_shape(const ParallelConfig& cfg) {
   COMMTRACE_CHECK(cfg.world_size >= 1, ErrorCode::InvalidArgument,
                   "world size {} must be at least 1", cfg.world_size);
   std::vector<int> shape = cfg.mesh.empty() ? std::vector<int>{cfg.world_size} : cfg.mesh;
-  COMMTRACE_CHECK(shape.size() <= 2, ErrorCode::InvalidArgument,
-                  "mesh {}: runs use a 1-D (tp) or 2-D (dp x tp) mesh; N-D meshes are for "
+  COMMTRACE_CHECK(shape.size() <= 3, ErrorCode::InvalidArgument,
+                  "mesh {}: runs use 1 to 3 dims (dp x cp x tp at most); larger meshes are for "
                   "programs that build a DeviceMesh themselves",
                   fmt::join(shape, "x"));
   std::int64_t n = 1;
@@ -37,6 +37,40 @@ std::vector<int> mesh_shape(const ParallelConfig& cfg) {
                   "FSDP alone)",
                   cfg.world_size);
   return shape;
+}
+
+MeshDims mesh_dims(const ParallelConfig& cfg, const Plan& plan) {
+  const std::vector<int> shape = mesh_shape(cfg);
+  const bool cp = plan.context_parallel.has_value(), styles = !plan.styles.empty();
+  const std::string mesh = fmt::format("{}", fmt::join(shape, "x"));
+  MeshDims d;
+  if (cp && styles) {
+    COMMTRACE_CHECK(shape.size() >= 2, ErrorCode::InvalidArgument,
+                    "plan '{}' has a context-parallel family and styles: it runs on a CPxTP or "
+                    "DPxCPxTP mesh (--mesh), not {}",
+                    plan.name, mesh);
+    d.names = shape.size() == 2 ? std::vector<std::string>{"cp", "tp"}
+                                : std::vector<std::string>{"dp", "cp", "tp"};
+  } else if (cp) {
+    COMMTRACE_CHECK(shape.size() <= 2, ErrorCode::InvalidArgument,
+                    "plan '{}' has a context-parallel family and no styles: it runs on a CP or "
+                    "DPxCP mesh, not {} (--plan tp --context-parallel FAMILY adds TP on a third "
+                    "dim)",
+                    plan.name, mesh);
+    d.names =
+        shape.size() == 1 ? std::vector<std::string>{"cp"} : std::vector<std::string>{"dp", "cp"};
+  } else {
+    COMMTRACE_CHECK(shape.size() <= 2, ErrorCode::InvalidArgument,
+                    "mesh {}: a 3-D mesh is dp x cp x tp and needs a context-parallel family "
+                    "(--context-parallel FAMILY, or a plan file's \"context_parallel\")",
+                    mesh);
+    d.names =
+        shape.size() == 1 ? std::vector<std::string>{"tp"} : std::vector<std::string>{"dp", "tp"};
+  }
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    (d.names[i] == "dp" ? d.dp : d.names[i] == "cp" ? d.cp : d.tp) = shape[i];
+  }
+  return d;
 }
 
 namespace {
@@ -77,14 +111,13 @@ RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg) {
   s.entry = &resolve_model(cfg.model);
   s.plan = config_plan(cfg);
   const bool cp = s.plan.context_parallel.has_value();
-  std::vector<std::string> names;  // empty: the defaults ("tp"; "dp", "tp")
-  if (cp)
-    names =
-        shape.size() == 2 ? std::vector<std::string>{"dp", "cp"} : std::vector<std::string>{"cp"};
-  s.mesh = std::make_shared<DeviceMesh>(ctx, shape, names);
-  s.tp = s.mesh->ndim() == 2 ? s.mesh->sub(1) : s.mesh;
-  if (cp) s.cp = s.tp;
-  if (s.mesh->ndim() == 2) s.dp = &s.mesh->comm(0);
+  const MeshDims dims = mesh_dims(cfg, s.plan);
+  // Without cp the names are DeviceMesh's defaults, unnamed as in PyTorch ("tp"; "dp", "tp").
+  s.mesh = std::make_shared<DeviceMesh>(ctx, shape, cp ? dims.names : std::vector<std::string>{});
+  const int nd = s.mesh->ndim();
+  s.tp = nd == 1 ? s.mesh : s.mesh->sub(nd - 1);  // a family alone: its cp dim (no styles)
+  if (cp) s.cp = s.plan.styles.empty() ? s.tp : s.mesh->sub(nd - 2);
+  if (dims.names[0] == "dp") s.dp = &s.mesh->comm(0);
   COMMTRACE_CHECK(!cp || cfg.data_parallel == "ddp", ErrorCode::Unsupported,
                   "plan '{}': a context-parallel plan runs with ddp on dp, not {}", s.plan.name,
                   cfg.data_parallel);
@@ -113,8 +146,9 @@ RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg) {
   };
   if (dp > 1) split(0, dp, s.mesh->coordinate(0));
   if (cp) {
-    apply_context_parallel(*s.model, s.cp, *s.plan.context_parallel, s.batch.input.size(1));
-    split(1, tp, s.cp->coordinate(0));
+    apply_context_parallel(*s.model, s.cp, *s.plan.context_parallel, s.batch.input.size(1),
+                           s.plan.styles.empty() ? 1 : tp);
+    split(1, s.cp->size(0), s.cp->coordinate(0));
   } else if (s.plan.model_input.is_shard(0)) {
     split(0, tp, s.tp->coordinate(0));
   }
@@ -549,8 +583,8 @@ namespace {
 using Values = std::map<std::string, std::vector<double>>;
 
 // Describes a constant factor between a and b when a ≈ r·b.
-std::string factor_of(const std::vector<double>& a, const std::vector<double>& b, int world, int dp,
-                      int tp, const char* tp_name, double tol) {
+std::string factor_of(const std::vector<double>& a, const std::vector<double>& b, int world,
+                      const MeshDims& dims, double tol) {
   double ab = 0, bb = 0, scale = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
     ab += a[i] * b[i];
@@ -562,14 +596,15 @@ std::string factor_of(const std::vector<double>& a, const std::vector<double>& b
   double resid = 0;
   for (std::size_t i = 0; i < a.size(); ++i) resid = std::max(resid, std::abs(a[i] - r * b[i]));
   if (resid / scale > 100 * tol || std::abs(r - 1) < 1e-6) return "";
-  const std::vector<std::pair<double, std::string>> named{
+  std::vector<std::pair<double, std::string>> named{
       {double(world), fmt::format("{} (world size)", world)},
-      {1.0 / world, fmt::format("1/{} (1/world size)", world)},
-      {double(tp), fmt::format("{} ({} size)", tp, tp_name)},
-      {1.0 / tp, fmt::format("1/{} (1/{} size)", tp, tp_name)},
-      {double(dp), fmt::format("{} (dp size)", dp)},
-      {1.0 / dp, fmt::format("1/{} (1/dp size)", dp)},
-      {0.0, "0 (no gradient reached it)"}};
+      {1.0 / world, fmt::format("1/{} (1/world size)", world)}};
+  for (const auto& [n, name] : {std::pair{dims.cp, "cp"}, {dims.tp, "tp"}, {dims.dp, "dp"}}) {
+    if (n == 1) continue;
+    named.emplace_back(double(n), fmt::format("{} ({} size)", n, name));
+    named.emplace_back(1.0 / n, fmt::format("1/{} (1/{} size)", n, name));
+  }
+  named.emplace_back(0.0, "0 (no gradient reached it)");
   for (const auto& [v, text] : named) {
     if (std::abs(r - v) <= 1e-3 * std::max(1.0, std::abs(v))) return "×" + text;
   }
@@ -606,9 +641,9 @@ Values reference_run(const ParallelConfig& cfg, const Plan& plan, int dp, int tp
 VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
   COMMTRACE_CHECK(cfg.module.device == Device::CPU, ErrorCode::InvalidArgument,
                   "verify: runs on cpu (got {})", device_name(cfg.module.device));
-  const std::vector<int> shape = mesh_shape(cfg);
-  const int dp = shape.size() == 2 ? shape[0] : 1, tp = shape.back();
   const Plan plan = config_plan(cfg);
+  const MeshDims dims = mesh_dims(cfg, plan);
+  const int dp = dims.dp, tp = plan.context_parallel && plan.styles.empty() ? dims.cp : dims.tp;
   COMMTRACE_CHECK(cfg.backend == "threads" || cfg.backend == "mpi", ErrorCode::InvalidArgument,
                   "verify: runs on the threads or mpi backend (got {})", cfg.backend);
   LaunchOptions lo;
@@ -701,8 +736,7 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
     c.max_rel_err = scale > 0 ? diff / scale : diff;
     c.pass = c.max_rel_err <= tolerance;
     if (!c.pass) {
-      c.factor =
-          factor_of(a, b, cfg.world_size, dp, tp, plan.context_parallel ? "cp" : "tp", tolerance);
+      c.factor = factor_of(a, b, cfg.world_size, dims, tolerance);
     }
     report.checks.push_back(c);
   }

@@ -1,7 +1,8 @@
-// Running a zoo model in parallel: per rank, the mesh (1-D "tp", or 2-D "dp" × "tp"), the model
-// parallelized by a plan on the "tp" dim, this rank's slice of the global batch, the loss (on
-// DTensors when the plan leaves the output sharded), and DDP's gradient all_reduce over "dp".
-// verify() compares one such run with the same model on one device.
+// Running a zoo model in parallel: per rank, the mesh (named dims dp, cp, tp; see MeshDims), the
+// model parallelized by a plan on the "tp" dim, a context-parallel family on "cp", this rank's
+// slice of the global batch, the loss (on DTensors when the plan leaves the output sharded), and
+// DDP's gradient all_reduce over "dp". verify() compares one such run with the same model on one
+// device.
 #pragma once
 
 #include <functional>
@@ -45,8 +46,19 @@ struct ParallelConfig {
 // The config's plan, resolved for its model, with the config's context_parallel applied.
 Plan config_plan(const ParallelConfig& cfg);
 
-// The mesh shape of a config, checked against the world size (and a 2-D one for fsdp).
+// The mesh shape of a config (1 to 3 dims), checked against the world size (and a 2-D one for
+// fsdp).
 std::vector<int> mesh_shape(const ParallelConfig& cfg);
+
+// The named dims of a run's mesh, by what the plan holds: styles alone, "tp" or "dp" × "tp"; a
+// context-parallel family alone, "cp" or "dp" × "cp"; both, "cp" × "tp" or "dp" × "cp" × "tp"
+// (the family on cp, the styles on tp, DDP on dp). A size is 1 where its dim is absent.
+// InvalidArgument when the mesh's dims do not fit the plan.
+struct MeshDims {
+  int dp = 1, cp = 1, tp = 1;
+  std::vector<std::string> names;  // one per mesh dim
+};
+MeshDims mesh_dims(const ParallelConfig& cfg, const Plan& plan);
 
 // DDP's gradient buckets, as torch.nn.parallel.DistributedDataParallel forms them: the first
 // iteration all-reduces every gradient in one bucket per dtype while recording the order in

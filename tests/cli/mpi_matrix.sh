@@ -37,10 +37,13 @@ fail() {
 }
 # Ring attention's batched send/recv on MPI: the 6-head model's 12 tokens split over 2, 3 and 4.
 six="$(dirname "$0")/../../samples/models/transformer_6h.json"
+# A family beside TP (cp x tp, "... --context-parallel F") runs at 2x2 only.
 for cfg in "toy tp" "toy sp" "mlp tp" "mlp sp" "mlp-stacked tp" "transformer tp" "transformer sp" \
-  "$six ring"; do
+  "$six ring" "transformer sp --context-parallel ulysses" "transformer tp --context-parallel ring"; do
   set -- $cfg
-  for world in 2 3 4 "4 --mesh 2x2"; do
+  worlds=(2 3 4 "4 --mesh 2x2")
+  [[ $# -gt 2 ]] && worlds=("4 --mesh 2x2 ${*:3}")
+  for world in "${worlds[@]}"; do
     np="${world%% *}"
     runs=$((runs + 1))
     # shellcheck disable=SC2086

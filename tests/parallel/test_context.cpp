@@ -130,6 +130,66 @@ TEST_CASE("context parallel: ulysses, ring and rsa on dp x cp with DDP", "[conte
   REQUIRE(verify(cfg).pass());
 }
 
+// The family's options for a config (what --context-parallel sets), rsa in its exact variant.
+ContextParallel family(const char* name, const char* reduction = "all_reduce") {
+  ContextParallel cp;
+  cp.family = name;
+  cp.divide_by_world_size = false;
+  cp.grad_reduction = reduction;
+  return cp;
+}
+
+TEST_CASE("context parallel: 3-D meshes, a family on cp beside TP or SP on tp and DDP on dp",
+          "[context][verify]") {
+  for (const char* tp_plan : {"tp", "sp"}) {
+    for (const ContextParallel& cp :
+         {family("ulysses"), family("ring"), family("rsa"), family("rsa", "reduce_scatter")}) {
+      for (const std::vector<int>& mesh : std::vector<std::vector<int>>{{2, 2, 2}, {2, 2}}) {
+        ParallelConfig cfg = cp_config("transformer", mesh.size() == 3 ? 8 : 4);
+        cfg.plan = tp_plan;
+        cfg.mesh = mesh;
+        cfg.context_parallel = cp;
+        INFO(tp_plan << " + " << cp.str() << " on " << mesh.size() << "-D");
+        const VerifyReport r = verify(cfg);
+        for (const TensorCheck& c : r.checks) {
+          INFO(c.name << " " << c.max_rel_err << " " << c.factor);
+          CHECK(c.pass);
+        }
+        REQUIRE(r.pass());
+      }
+    }
+  }
+  // The published scaling fails there too, by the cp size on the attention path.
+  ParallelConfig cfg = cp_config("transformer", 8);
+  cfg.plan = "tp";
+  cfg.mesh = {2, 2, 2};
+  cfg.context_parallel = family("rsa");
+  cfg.context_parallel->divide_by_world_size = true;
+  const VerifyReport r = verify(cfg);
+  REQUIRE_FALSE(r.pass());
+  CHECK(check_of(r, "layers.1.attention.wq.weight.grad").factor == "×1/2 (1/cp size)");
+
+  // Each collective is on its own dim: ring steps on cp, TP's on tp, DDP's on dp.
+  TraceOptions o;
+  o.cfg = cp_config("transformer", 8);
+  o.cfg.plan = "tp";
+  o.cfg.mesh = {2, 2, 2};
+  o.cfg.context_parallel = family("ring");
+  const Trace t = trace_run(o)[0];
+  std::map<std::string, std::map<std::string, int>> by_group;
+  for (const Record& rec : t.records) {
+    if (rec.kind == EventKind::Collective)
+      ++by_group[std::string(t.str(rec.collective.group))][std::string(t.name(rec))];
+  }
+  CHECK(by_group.size() == 3);
+  CHECK(by_group["cp"]["send"] > 0);
+  CHECK(by_group["cp"]["recv"] == by_group["cp"]["send"]);
+  CHECK(by_group["cp"]["all_reduce"] == 1);  // the parameter gradients, over cp
+  CHECK(by_group["tp"]["all_reduce"] > 0);
+  CHECK(by_group["dp"]["all_reduce"] > 0);
+  CHECK(by_group["tp"].count("send") == 0);
+}
+
 TEST_CASE("context parallel: the published RSA scaling makes the attention path 1/W too small",
           "[context][verify]") {
   for (int w : {2, 4}) {
@@ -281,6 +341,23 @@ TEST_CASE("context parallel: clear errors", "[context]") {
                            "context_parallel": {"family": "rsa", "fault": "skip_ring_step"}})J",
                        "fault_key");
   CHECK(contains(error_of([&] { load_plan_file(fault.path); }), "fault"));
+  {  // 3-D meshes: the dims must fit the plan
+    ParallelConfig c3 = cp_config("transformer", 8);
+    c3.mesh = {2, 2, 2};
+    c3.plan = "tp";
+    CHECK(contains(error_of([&] { verify(c3); }), "a 3-D mesh is dp x cp x tp"));
+    c3.plan = "ring";
+    CHECK(contains(error_of([&] { verify(c3); }), "no styles: it runs on a CP or DPxCP mesh"));
+    c3.plan = "tp";
+    c3.mesh = {};
+    c3.context_parallel = family("ring");
+    CHECK(contains(error_of([&] { verify(c3); }), "runs on a CPxTP or DPxCPxTP mesh"));
+    c3.model = sample_model("transformer_6h.json");
+    c3.mesh = {2, 2, 2};
+    c3.context_parallel = family("ulysses");
+    CHECK(contains(error_of([&] { verify(c3); }),
+                   "has 6 heads, 3 per tp rank, not divisible by the cp size 2"));
+  }
 }
 
 TEST_CASE("context parallel: the report shows a ring as its steps; every send meets its recv",
