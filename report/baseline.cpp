@@ -300,11 +300,12 @@ CheckResult check_baseline(const Trace& t, const std::string& baseline_text,
                   "{} was made for model '{}' plan '{}', the trace is model '{}' plan '{}'", source,
                   model, plan, t_model, t_plan);
 
-  const CountTree c = collective_counts_per_iteration(t);
+  CountTree c = collective_counts_per_iteration(t);
   CheckResult result;
   std::vector<Phase> phases(kPhases.begin(), kPhases.end());
   if (from == "torch" || is_torch_dump(t)) {
     phases = {Phase::Forward, Phase::Backward};
+    fold_recompute_into_backward(c);
     result.notes.push_back("forward and backward only: a PyTorch dump holds no other phase");
   }
   const bool bytes = c.has_bytes;

@@ -183,6 +183,15 @@ int trace_iterations(const Trace& t) {
   return value;
 }
 
+void fold_recompute_into_backward(CountTree& c) {
+  for (ModuleCounts& m : c.modules) {
+    auto& recompute = m.phases[std::size_t(Phase::Recompute)];
+    auto& backward = m.phases[std::size_t(Phase::Backward)];
+    backward.insert(backward.end(), recompute.begin(), recompute.end());
+    recompute.clear();
+  }
+}
+
 CountTree collective_counts_per_iteration(const Trace& t, const TraceCost* cost) {
   const int iters = trace_iterations(t);
   if (iters == 1) return collective_counts(t, cost);

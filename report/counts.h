@@ -72,6 +72,11 @@ int trace_iterations(const Trace& t);
 // module, phase and collective when a count or byte total is not a multiple of the iterations.
 CountTree collective_counts_per_iteration(const Trace& t, const TraceCost* cost = nullptr);
 
+// Moves the recompute phase's counts into backward, as CommDebugMode counts an activation
+// checkpoint's recomputed collectives (they run during backward): for comparisons with a
+// PyTorch dump or a baseline made from one.
+void fold_recompute_into_backward(CountTree& c);
+
 // Modules in preorder from Global with their depth; unreachable modules (a malformed tree) last.
 std::vector<std::pair<int, int>> module_preorder(const Trace& t);
 

@@ -65,13 +65,18 @@ DiffResult diff_traces(const Trace& a, const Trace& b, const DiffOptions& option
     cost_a.emplace(a, *options.topology);
     cost_b.emplace(b, *options.topology);
   }
-  const CountTree ca = collective_counts_per_iteration(a, cost_a ? &*cost_a : nullptr);
-  const CountTree cb = collective_counts_per_iteration(b, cost_b ? &*cost_b : nullptr);
+  CountTree ca = collective_counts_per_iteration(a, cost_a ? &*cost_a : nullptr);
+  CountTree cb = collective_counts_per_iteration(b, cost_b ? &*cost_b : nullptr);
   DiffResult d;
   if (options.topology) d.topology = options.topology->name;
   d.bytes = ca.has_bytes && cb.has_bytes;
-  // PyTorch dumps hold forward and backward only; other phases are not comparable with them.
+  // PyTorch dumps hold forward and backward only (recomputed collectives under backward); other
+  // phases are not comparable with them.
   d.torch = is_torch_dump(a) || is_torch_dump(b);
+  if (d.torch) {
+    fold_recompute_into_backward(ca);
+    fold_recompute_into_backward(cb);
+  }
   d.per_iteration = std::max(trace_iterations(a), trace_iterations(b)) > 1;
   d.label_a = options.label_a;
   d.label_b = options.label_b;

@@ -34,19 +34,22 @@ bool is_trivial_torch_op(const std::string& torch_op) {
   return kTrivial.count(torch_op) != 0;
 }
 
-int phase_slot(Phase p) { return p == Phase::Forward ? 0 : 1; }
-bool is_shown_phase(Phase p) { return p == Phase::Forward || p == Phase::Backward; }
+// Slots of a view: forward, backward, and the ops of activation checkpointing's recomputation
+// (CommDebugMode counts its collectives as backward and lists its ops apart).
+int phase_slot(Phase p) { return p == Phase::Forward ? 0 : p == Phase::Backward ? 1 : 2; }
+bool is_shown_phase(Phase p) { return p != Phase::Optimizer; }
 
 // What CommDebugMode holds per module: collective counts rolled up over the subtree (in order of
 // first occurrence) and the module's own ops (every non-collective event) per phase.
 struct ModuleView {
   int module = 0, depth = 0;
   std::array<std::vector<std::pair<std::string, std::int64_t>>, 2> collectives;
-  std::array<std::vector<const Record*>, 2> ops;
+  std::array<std::vector<const Record*>, 3> ops;
 };
 
 std::vector<ModuleView> build_views(const Trace& t) {
-  const CountTree counts = collective_counts(t);
+  CountTree counts = collective_counts(t);
+  fold_recompute_into_backward(counts);
   const auto order = module_preorder(t);
   std::vector<ModuleView> views(order.size());
   std::vector<std::size_t> slot(t.modules.size());
@@ -132,12 +135,15 @@ std::string torch_table(const Trace& t, int noise, bool color) {
     const std::string section = indent + "  ";
     const std::string coll_indent(std::size_t(4 * view.depth + 4), ' ');
     const std::string op_indent(std::size_t(4 * view.depth + 6), ' ');
-    for (Phase p : kShownPhases) {
+    for (const Phase p : {Phase::Forward, Phase::Backward, Phase::Recompute}) {
       const std::size_t slot = std::size_t(phase_slot(p));
-      const auto& colls = view.collectives[slot];
+      static const std::vector<std::pair<std::string, std::int64_t>> kNone;
+      const auto& colls = slot < 2 ? view.collectives[slot] : kNone;
       const bool has_ops = noise >= 1 && !view.ops[slot].empty();
       if (colls.empty() && !has_ops) continue;
-      out += section + (p == Phase::Forward ? "FORWARD PASS\n" : "BACKWARD PASS\n");
+      out += section + (p == Phase::Forward    ? "FORWARD PASS\n"
+                        : p == Phase::Backward ? "BACKWARD PASS\n"
+                                               : "ACTIVATION CHECKPOINTING\n");
       for (const auto& [name, count] : colls) {
         out += fmt::format("{}{}*{}: {}{}\n", on_y, coll_indent, name, count, off);
       }
@@ -175,8 +181,8 @@ Json op_json(const Trace& t, const Record& r) {
   j["input_shape"] = std::move(shapes);
   j["input_sharding"] = std::move(shardings);
   j["device_mesh"] = ins.empty() ? std::string() : mesh_of(t, r);
-  j["is_bw"] = r.phase == Phase::Backward;
-  j["is_activation_checkpointing"] = false;
+  j["is_bw"] = r.phase == Phase::Backward || r.phase == Phase::Recompute;
+  j["is_activation_checkpointing"] = r.phase == Phase::Recompute;
   return j;
 }
 
@@ -214,7 +220,11 @@ Json node_json(const Trace& t, const std::vector<ModuleView>& views, std::size_t
     }
     j[p == Phase::Forward ? "operations_forward" : "operations_backward"] = std::move(ops);
   }
-  j["operations_checkpointing"] = Json::array();
+  Json checkpointing = Json::array();
+  for (const Record* r : view.ops[2]) {
+    if (op_listed(t, *r, noise)) checkpointing.push_back(op_json(t, *r));
+  }
+  j["operations_checkpointing"] = std::move(checkpointing);
   return j;
 }
 

@@ -120,7 +120,9 @@ Transformer::Transformer(const ModelArgs& a, Generator& gen, const ModuleOptions
   dropout = register_module("dropout", std::make_shared<Dropout>(a.dropout_p, 3));
   layers = register_module("layers", std::make_shared<ModuleList>());
   for (int i = 0; i < a.n_layers; ++i) {
-    layers->append(std::make_shared<TransformerBlock>(a, gen, o));
+    auto block = std::make_shared<TransformerBlock>(a, gen, o);
+    block->set_checkpoint(a.checkpoint_activations);
+    layers->append(block);
   }
   norm = register_module("norm", std::make_shared<LayerNorm>(a.dim, o));
   output = register_module("output", std::make_shared<Linear>(a.dim, a.vocab_size, false, gen, o));
@@ -370,7 +372,7 @@ ModelEntry model_from_json_text(const std::string& text, const std::string& sour
   if (e.family == "transformer") {
     rd.check_keys(args, apath,
                   {"n_layers", "vocab_size", "max_seq_len", "dim", "n_heads", "weight_tying",
-                   "batch", "seq_len"});
+                   "checkpoint_activations", "batch", "seq_len"});
     ModelArgs a;
     a.n_layers = int(get_int("n_layers", a.n_layers, 100000));
     a.vocab_size = get_int("vocab_size", a.vocab_size, kMaxDim);
@@ -379,6 +381,9 @@ ModelEntry model_from_json_text(const std::string& text, const std::string& sour
     a.n_heads = get_int("n_heads", a.n_heads, kMaxDim);
     if (const Json* tying = rd.find(args, "weight_tying")) {
       a.weight_tying = rd.boolean(*tying, apath.key("weight_tying"));
+    }
+    if (const Json* ck = rd.find(args, "checkpoint_activations")) {
+      a.checkpoint_activations = rd.boolean(*ck, apath.key("checkpoint_activations"));
     }
     if (a.dim % a.n_heads != 0) {
       rd.fail(apath, fmt::format("dim {} is not divisible by n_heads {}", a.dim, a.n_heads));

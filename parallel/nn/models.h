@@ -58,6 +58,9 @@ struct ModelArgs {
   std::int64_t n_heads = 4;
   double dropout_p = 0.0;
   bool weight_tying = true;
+  // Every TransformerBlock is a checkpoint region (Module::set_checkpoint), as PyTorch's
+  // ModelArgs(checkpoint_activations=True) wraps each block in torch.utils.checkpoint.
+  bool checkpoint_activations = false;
 };
 
 // Core attention: q, k, v (B, H, T, D) -> (B, H, T, D), causal over the sequence. The default

@@ -1,15 +1,119 @@
 #include "parallel/nn/nn.h"
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_set>
 
 #include "parallel/dtensor/dtensor.h"
+#include "parallel/tensor/autograd.h"
+#include "parallel/tensor/op.h"
 #include "parallel/tensor/ops.h"
 #include "tracer/tracer.h"
 
 namespace commtrace {
 
+namespace {
+
+thread_local bool g_in_region = false;  // inside a checkpoint region's run or its recompute
+
+// Where a region's liveness is judged: a tensor's bytes (a DTensor's local shard), or the tensor
+// itself on meta, where nothing has bytes.
+std::weak_ptr<const void> liveness_key(const Tensor& t) {
+  const TensorImpl* impl = t.impl();
+  if (impl->dist) impl = dist_of(t).local.impl();
+  if (impl->storage) return impl->storage;
+  return std::static_pointer_cast<const void>(t.impl_ptr());
+}
+
+// A region's first run: per dispatched op, its outputs' keys.
+class RegionRecorder : public DispatchObserver {
+ public:
+  void before(const OpDef&) override { ++ops_; }
+  void after(const OpOutputs& out) override {
+    for (const Tensor& t : out) {
+      if (t.defined()) outputs_.emplace_back(ops_, liveness_key(t));
+    }
+  }
+  // The last op (1-based) whose output is still held once the region returned `result`,
+  // other than the region's result itself or bytes it was given (`given`): what backward keeps.
+  // 0 when it keeps none (then nothing is recomputed, as in PyTorch).
+  int last_kept(const Tensor& result, const std::vector<Tensor>& given) const {
+    std::vector<const void*> skip{liveness_key(result).lock().get()};
+    for (const Tensor& g : given) {
+      if (g.defined()) skip.push_back(liveness_key(g).lock().get());
+    }
+    int last = 0;
+    for (const auto& [op, key] : outputs_) {
+      const std::shared_ptr<const void> alive = key.lock();
+      if (alive && std::find(skip.begin(), skip.end(), alive.get()) == skip.end()) last = op;
+    }
+    return last;
+  }
+
+ private:
+  int ops_ = 0;
+  std::vector<std::pair<int, std::weak_ptr<const void>>> outputs_;
+};
+
+// The recompute's early stop: thrown before op `stop_after` + 1 starts, caught by the region.
+struct StopRecompute {};
+class RecomputeLimit : public DispatchObserver {
+ public:
+  explicit RecomputeLimit(int stop_after) : left_(stop_after) {}
+  void before(const OpDef&) override {
+    if (left_-- == 0) throw StopRecompute{};
+  }
+  void after(const OpOutputs&) override {}
+
+ private:
+  int left_;
+};
+
+struct RegionFlag {
+  RegionFlag() { g_in_region = true; }
+  ~RegionFlag() { g_in_region = false; }
+};
+
+}  // namespace
+
 Tensor Module::operator()(const Tensor& input) {
+  if (checkpoint_ && !g_in_region && grad_enabled()) return call_checkpointed(input);
+  return call(input);
+}
+
+Tensor Module::call_checkpointed(const Tensor& input) {
+  auto hook = std::make_shared<BackwardPreHook>();
+  Tracer* tracer = Tracer::current();
+  const int parent = tracer ? tracer->current_module() : -1;
+  RegionRecorder recorder;
+  Tensor out;
+  {
+    const RegionFlag flag;
+    const DispatchObserverScope observe(recorder);
+    const BackwardPreHookScope tag(hook);
+    out = call(input);
+  }
+  std::vector<Tensor> given{input};
+  for (const auto& [name, p] : named_parameters()) given.push_back(p);
+  const int stop_after = recorder.last_kept(out, given);
+  if (stop_after == 0) return out;
+  // The input as it came (a detached handle, so the recompute's graph stays its own).
+  Tensor x = input.detach();
+  if (input.requires_grad()) x.set_requires_grad(true);
+  hook->fn = [this, tracer, parent, stop_after, x] {
+    const AttributionScope scope(tracer, parent, Phase::Recompute);
+    const RegionFlag flag;
+    RecomputeLimit limit(stop_after);
+    const DispatchObserverScope observe(limit);
+    try {
+      (void)call(x);
+    } catch (const StopRecompute&) {
+    }
+  };
+  return out;
+}
+
+Tensor Module::call(const Tensor& input) {
   ModuleScope scope(fqn_, type_);
   // Parameter placements are recorded on the module's first call under this tracer.
   if (scope.module() >= 0 && !params_.empty() && !Tracer::current()->has_params(scope.module())) {

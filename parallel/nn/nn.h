@@ -65,6 +65,15 @@ class Module {
   void train(bool on = true);
   bool training() const { return training_; }
 
+  // Activation checkpointing (torch.utils.checkpoint, non-reentrant): the module's forward runs
+  // as usual, and before the first of its backward steps it runs again, in the recompute phase
+  // and under this module's scope, until the last op whose output backward keeps (PyTorch's
+  // early stop: what follows it, a rowwise layer's closing all_reduce say, is not run again).
+  // Gradients come from the first run's graph; the recomputed values are dropped. Regions do
+  // not nest: a checkpointed module inside one runs plainly.
+  void set_checkpoint(bool on) { checkpoint_ = on; }
+  bool checkpoint() const { return checkpoint_; }
+
  protected:
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
@@ -79,9 +88,13 @@ class Module {
   void collect_parameters(const std::string& prefix,
                           std::vector<std::pair<std::string, Tensor>>& out) const;
 
+  Tensor call(const Tensor& input);               // scope, hooks and forward
+  Tensor call_checkpointed(const Tensor& input);  // call() as a checkpoint region
+
   std::string type_;
   std::string fqn_;
   bool training_ = true;
+  bool checkpoint_ = false;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::vector<PreHook> pre_hooks_;

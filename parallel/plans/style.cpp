@@ -321,6 +321,13 @@ void parallelize_module(Module& model, const std::shared_ptr<const DeviceMesh>& 
       }
     }
   }
+  for (const std::string& pattern : plan.checkpoint) {
+    const auto names = match_modules(model, pattern);
+    COMMTRACE_CHECK(!names.empty(), ErrorCode::InvalidArgument,
+                    "plan '{}': checkpoint pattern '{}' matches no module of {}", plan.name,
+                    pattern, model.fqn());
+    for (const auto& name : names) model.find(name)->set_checkpoint(true);
+  }
 }
 
 // ---------------------------------------------------------------- plans
@@ -429,11 +436,18 @@ Plan plan_from_json_text(const std::string& text, const std::string& source) {
   JsonReader rd(source);
   const Json j = rd.parse(text, "a JSON object with \"schema\": \"commtrace.plan\"");
   const JsonPath top;
-  rd.check_header(j, "commtrace.plan", {{1, 2}}, "plan");
+  rd.check_header(j, "commtrace.plan", {{1, 3}}, "plan");
   rd.check_keys(j, top,
                 {"schema", "version", "name", "plan", "model_input", "model_output",
-                 "loss_parallel", "coalesce_partial_grads", "context_parallel"});
+                 "loss_parallel", "coalesce_partial_grads", "context_parallel", "checkpoint"});
   Plan plan;
+  if (const Json* v = rd.find(j, "checkpoint")) {
+    const JsonPath cpath = top.key("checkpoint");
+    const Json& list = rd.array(*v, cpath);
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      plan.checkpoint.push_back(rd.str(list[i], cpath.index(i)));
+    }
+  }
   const Json* name = rd.find(j, "name");
   plan.name = name ? rd.str(*name, top.key("name")) : source;
   if (const Json* v = rd.find(j, "model_input")) {
@@ -466,9 +480,10 @@ Plan plan_from_json_text(const std::string& text, const std::string& source) {
   }
   const JsonPath ppath = top.key("plan");
   const Json* styles_json = rd.find(j, "plan");
-  if (!styles_json && plan.context_parallel) return plan;  // a family alone
+  // A family alone, or checkpointing alone.
+  if (!styles_json && (plan.context_parallel || !plan.checkpoint.empty())) return plan;
   const Json& styles = rd.object(rd.at(j, "plan", top), ppath);
-  if (styles.empty() && !plan.context_parallel) {
+  if (styles.empty() && !plan.context_parallel && plan.checkpoint.empty()) {
     rd.fail(ppath, "no styles (a plan maps module patterns to styles)");
   }
   for (const auto& [pattern, style] : styles.items()) {

@@ -87,6 +87,8 @@ struct Plan {
   // A sequence-parallel family over the run's "cp" mesh dim (context.h): the runner shards the
   // input's sequence (model_input Shard(1)) and reduces parameter gradients over cp.
   std::optional<ContextParallel> context_parallel;
+  // Module patterns made checkpoint regions (Module::set_checkpoint); each must match.
+  std::vector<std::string> checkpoint;
 };
 
 // Applies every style of the plan on a 1-D mesh. A pattern that matches no module is an error

@@ -3,6 +3,7 @@
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "parallel/tensor/op.h"
 #include "parallel/tensor/ops.h"
@@ -13,6 +14,7 @@ namespace commtrace {
 namespace {
 thread_local bool g_grad_enabled = true;
 thread_local std::uint64_t g_node_seq = 0;
+thread_local std::shared_ptr<BackwardPreHook> g_pre_hook;
 
 struct NewerFirst {
   bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
@@ -52,11 +54,16 @@ bool needs_grad(std::span<const Tensor> inputs) {
   return false;
 }
 
+BackwardPreHookScope::BackwardPreHookScope(std::shared_ptr<BackwardPreHook> hook)
+    : previous_(std::exchange(g_pre_hook, std::move(hook))) {}
+BackwardPreHookScope::~BackwardPreHookScope() { g_pre_hook = std::move(previous_); }
+
 void attach_node(Tensor& out, const char* name, std::span<const Tensor> inputs, BackwardFn fn) {
   auto node = std::make_shared<Node>();
   node->name = name;
   node->backward = std::move(fn);
   node->seq = ++g_node_seq;
+  node->pre_hook = g_pre_hook;
   if (Tracer* t = Tracer::current()) {
     node->tracer = t;
     node->module = t->current_module();
@@ -135,6 +142,10 @@ void run_backward(const Tensor& root, const Tensor& grad) {
       buffers.erase(it);
     }
     std::vector<Tensor> grads(n->next.size());
+    if (n->pre_hook && !n->pre_hook->done) {
+      n->pre_hook->done = true;
+      n->pre_hook->fn();
+    }
     {
       AttributionScope scope(n->tracer, n->module, Phase::Backward);
       if (grad_out.defined()) {

@@ -26,6 +26,13 @@ struct Edge {
 // Maps the gradient of the node's output to one gradient per input (undefined = none).
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_out)>;
 
+// Runs once, before the first of the nodes that share it runs backward (activation
+// checkpointing: the recomputation of a region's forward, parallel/nn/nn.h).
+struct BackwardPreHook {
+  std::function<void()> fn;
+  bool done = false;
+};
+
 struct Node {
   const char* name = "";  // "AddmmBackward" (a static string)
   std::vector<Edge> next;
@@ -33,6 +40,19 @@ struct Node {
   std::uint64_t seq = 0;  // creation order; the engine runs newer nodes first
   const Tracer* tracer = nullptr;
   int module = -1;
+  std::shared_ptr<BackwardPreHook> pre_hook;  // null: none
+};
+
+// While in scope, every node attached on this thread gets `hook` (scopes nest: the innermost).
+class BackwardPreHookScope {
+ public:
+  explicit BackwardPreHookScope(std::shared_ptr<BackwardPreHook> hook);
+  ~BackwardPreHookScope();
+  BackwardPreHookScope(const BackwardPreHookScope&) = delete;
+  BackwardPreHookScope& operator=(const BackwardPreHookScope&) = delete;
+
+ private:
+  std::shared_ptr<BackwardPreHook> previous_;
 };
 
 bool grad_enabled();

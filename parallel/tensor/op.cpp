@@ -1,5 +1,6 @@
 #include "parallel/tensor/op.h"
 
+#include <utility>
 #include <vector>
 
 #include "tracer/tracer.h"
@@ -138,13 +139,35 @@ OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& 
   return out;
 }
 
-OpOutputs dispatch(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a) {
+namespace {
+thread_local DispatchObserver* g_observer = nullptr;
+
+OpOutputs dispatch_unobserved(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a) {
   for (const Tensor& t : in) {
     if (t.defined() && t.impl()->dist) return dist_hooks().dispatch(op, in, a);
   }
   std::array<OutSpec, kMaxOpOutputs> specs;
   op.shapes(in, a, specs.data());
   return run_local(op, in, a, specs.data(), nullptr);
+}
+}  // namespace
+
+DispatchObserverScope::DispatchObserverScope(DispatchObserver& o)
+    : previous_(std::exchange(g_observer, &o)) {}
+DispatchObserverScope::~DispatchObserverScope() { g_observer = previous_; }
+
+OpOutputs dispatch(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a) {
+  DispatchObserver* o = g_observer;
+  if (!o) return dispatch_unobserved(op, in, a);
+  g_observer = nullptr;  // one observation per call: the DTensor path's inner ops are its own
+  struct Restore {
+    DispatchObserver* o;
+    ~Restore() { g_observer = o; }
+  } restore{o};
+  o->before(op);
+  OpOutputs out = dispatch_unobserved(op, in, a);
+  o->after(out);
+  return out;
 }
 
 }  // namespace commtrace

@@ -102,6 +102,25 @@ struct OpDef {
 
 using OpOutputs = std::array<Tensor, kMaxOpOutputs>;
 
+// Sees every dispatch() on its thread while in scope (activation checkpointing: which ops a
+// region ran, and where its recomputation stops). before() may throw to stop the caller.
+class DispatchObserver {
+ public:
+  virtual ~DispatchObserver() = default;
+  virtual void before(const OpDef& op) = 0;
+  virtual void after(const OpOutputs& out) = 0;
+};
+class DispatchObserverScope {
+ public:
+  explicit DispatchObserverScope(DispatchObserver& o);
+  ~DispatchObserverScope();
+  DispatchObserverScope(const DispatchObserverScope&) = delete;
+  DispatchObserverScope& operator=(const DispatchObserverScope&) = delete;
+
+ private:
+  DispatchObserver* previous_;
+};
+
 // The one dispatcher. Undefined inputs are skipped by the record; inputs must share a device.
 OpOutputs dispatch(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a = {});
 inline Tensor dispatch1(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a = {}) {

@@ -98,6 +98,32 @@ transformer_frozen tp 2 -1
 transformer_frozen tp 4 -1
 transformer_frozen sp 4 3
 FROZEN
+# Activation checkpointing: PyTorch's ModelArgs(checkpoint_activations=True) (every block under
+# non-reentrant torch.utils.checkpoint) against samples/models/transformer_checkpointed.json;
+# CommDebugMode counts the recomputed collectives as backward, commtrace's diff folds its
+# recompute phase into backward for the comparison.
+while read -r plan world depth; do
+  [[ -z "$plan" ]] && continue
+  name="checkpointed-$plan-w$world"
+  if ! "$py" "$here/torch_oracle.py" --model transformer --plan "$plan" --world-size "$world" \
+      --checkpoint-activations --no-optimizer --noise-level 0 --out-json "$work/$name.torch.json" \
+      >"$work/$name.log" 2>&1; then
+    echo "FAIL $name: the PyTorch oracle failed"; cat "$work/$name.log"; fails=$((fails + 1)); continue
+  fi
+  "$ct" run --model "$here/../../samples/models/transformer_checkpointed.json" --plan "$plan" \
+    --world-size "$world" --json "$work/$name.ours.json" \
+    >/dev/null || { echo "FAIL $name: commtrace run failed"; fails=$((fails + 1)); continue; }
+  if out="$("$ct" diff --depth "$depth" "$work/$name.torch.json" "$work/$name.ours.json")"; then
+    echo "ok   $name (diff depth $depth)"
+  else
+    echo "FAIL $name"; echo "$out"; fails=$((fails + 1))
+  fi
+done <<'CHECKPOINTED'
+tp 2 -1
+tp 4 -1
+sp 2 3
+sp 4 3
+CHECKPOINTED
 # DDP's buckets (dp 2, tp 1): per iteration, the elements of each dp all_reduce, in order,
 # against PyTorch's DistributedDataParallel (its first iteration one bucket, then rebuilt ones).
 while read -r file cap; do
