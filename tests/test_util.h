@@ -1,7 +1,9 @@
-// Helpers shared by the tests: substring checks and catching commtrace::Error.
+// Helpers shared by the tests: substring checks, catching commtrace::Error, files for a test.
 #pragma once
 
+#include <cstdio>
 #include <string>
+#include <utility>
 
 #include "kernels/base.h"
 #include "tests/catch_compat.h"
@@ -12,6 +14,24 @@ namespace commtrace::testing {
 inline bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
+inline bool contains(const Error& e, const std::string& part) {
+  INFO(e.what());
+  return contains(std::string(e.what()), part);
+}
+
+// `text` in the file `path` (in the working folder) until the scope ends.
+struct TempFile {
+  std::string path;
+  TempFile(std::string name, const std::string& text) : path(std::move(name)) {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    REQUIRE(f);
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  }
+  ~TempFile() { std::remove(path.c_str()); }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+};
 
 // Runs f and returns the Error it throws; fails the test when it throws nothing.
 template <class F>

@@ -16,6 +16,24 @@ if ! "$py" -c "import torch, torch.distributed.tensor.debug" >/dev/null 2>&1; th
 fi
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 fails=0
+# compare NAME DEPTH: the PyTorch oracle run with the array torch_args, commtrace run with the
+# array ours_args, and `commtrace diff` of the two at DEPTH. PyTorch files optimizer collectives
+# under a forward pass: forward and backward only (no optimizer).
+compare() {
+  local name="$1" depth="$2" out
+  if ! "$py" "$here/torch_oracle.py" "${torch_args[@]}" --no-optimizer --noise-level 0 \
+      --out-json "$work/$name.torch.json" >"$work/$name.log" 2>&1; then
+    echo "FAIL $name: the PyTorch oracle failed"; cat "$work/$name.log"; fails=$((fails + 1)); return
+  fi
+  if ! "$ct" run "${ours_args[@]}" --json "$work/$name.ours.json" >/dev/null; then
+    echo "FAIL $name: commtrace run failed"; fails=$((fails + 1)); return
+  fi
+  if out="$("$ct" diff --depth "$depth" "$work/$name.torch.json" "$work/$name.ours.json")"; then
+    echo "ok   $name (diff depth $depth)"
+  else
+    echo "FAIL $name"; echo "$out"; fails=$((fails + 1))
+  fi
+}
 # case: model plan world [--input-requires-grad] [diff depth]
 while read -r model plan world grad depth; do
   [[ -z "$model" ]] && continue
@@ -28,19 +46,9 @@ while read -r model plan world grad depth; do
     name="${name#decoder:}"
     torch_model=(--model decoder --model-file "$model")
   fi
-  # PyTorch files optimizer collectives under a forward pass; compare forward and backward only.
-  if ! "$py" "$here/torch_oracle.py" "${torch_model[@]}" --plan "$plan" --world-size "$world" \
-      $flag --no-optimizer --noise-level 0 --out-json "$work/$name.torch.json" \
-      >"$work/$name.log" 2>&1; then
-    echo "FAIL $name: the PyTorch oracle failed"; cat "$work/$name.log"; fails=$((fails + 1)); continue
-  fi
-  "$ct" run --model "$model" --plan "$plan" --world-size "$world" $flag \
-    --json "$work/$name.ours.json" >/dev/null || { echo "FAIL $name: commtrace run failed"; fails=$((fails + 1)); continue; }
-  if out="$("$ct" diff --depth "$depth" "$work/$name.torch.json" "$work/$name.ours.json")"; then
-    echo "ok   $name (diff depth $depth)"
-  else
-    echo "FAIL $name"; echo "$out"; fails=$((fails + 1))
-  fi
+  torch_args=("${torch_model[@]}" --plan "$plan" --world-size "$world" $flag)
+  ours_args=(--model "$model" --plan "$plan" --world-size "$world" $flag)
+  compare "$name" "$depth"
 done <<'CASES'
 toy tp 1 - -1
 toy tp 4 - -1
@@ -81,18 +89,9 @@ while read -r file plan world depth; do
   model="$here/../../samples/models/$file.json"
   base="$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["base"])' "$model")"
   mapfile -t globs < <("$py" -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))["freeze"]))' "$model")
-  if ! "$py" "$here/torch_oracle.py" --model "$base" --plan "$plan" --world-size "$world" \
-      --freeze "${globs[@]}" --no-optimizer --noise-level 0 --out-json "$work/$name.torch.json" \
-      >"$work/$name.log" 2>&1; then
-    echo "FAIL $name: the PyTorch oracle failed"; cat "$work/$name.log"; fails=$((fails + 1)); continue
-  fi
-  "$ct" run --model "$model" --plan "$plan" --world-size "$world" --json "$work/$name.ours.json" \
-    >/dev/null || { echo "FAIL $name: commtrace run failed"; fails=$((fails + 1)); continue; }
-  if out="$("$ct" diff --depth "$depth" "$work/$name.torch.json" "$work/$name.ours.json")"; then
-    echo "ok   $name (diff depth $depth)"
-  else
-    echo "FAIL $name"; echo "$out"; fails=$((fails + 1))
-  fi
+  torch_args=(--model "$base" --plan "$plan" --world-size "$world" --freeze "${globs[@]}")
+  ours_args=(--model "$model" --plan "$plan" --world-size "$world")
+  compare "$name" "$depth"
 done <<'FROZEN'
 transformer_frozen tp 2 -1
 transformer_frozen tp 4 -1
@@ -105,19 +104,10 @@ FROZEN
 while read -r plan world depth; do
   [[ -z "$plan" ]] && continue
   name="checkpointed-$plan-w$world"
-  if ! "$py" "$here/torch_oracle.py" --model transformer --plan "$plan" --world-size "$world" \
-      --checkpoint-activations --no-optimizer --noise-level 0 --out-json "$work/$name.torch.json" \
-      >"$work/$name.log" 2>&1; then
-    echo "FAIL $name: the PyTorch oracle failed"; cat "$work/$name.log"; fails=$((fails + 1)); continue
-  fi
-  "$ct" run --model "$here/../../samples/models/transformer_checkpointed.json" --plan "$plan" \
-    --world-size "$world" --json "$work/$name.ours.json" \
-    >/dev/null || { echo "FAIL $name: commtrace run failed"; fails=$((fails + 1)); continue; }
-  if out="$("$ct" diff --depth "$depth" "$work/$name.torch.json" "$work/$name.ours.json")"; then
-    echo "ok   $name (diff depth $depth)"
-  else
-    echo "FAIL $name"; echo "$out"; fails=$((fails + 1))
-  fi
+  torch_args=(--model transformer --plan "$plan" --world-size "$world" --checkpoint-activations)
+  ours_args=(--model "$here/../../samples/models/transformer_checkpointed.json" --plan "$plan"
+             --world-size "$world")
+  compare "$name" "$depth"
 done <<'CHECKPOINTED'
 tp 2 -1
 tp 4 -1

@@ -2,7 +2,6 @@
 // recompute phase, under the modules that issue them, stopped where PyTorch stops (after the last
 // op backward keeps); gradients unchanged; the plan's "checkpoint" patterns; the PyTorch dump
 // counting them as backward, as CommDebugMode does.
-#include <cstdio>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -12,6 +11,7 @@
 #include "parallel/run/runner.h"
 #include "report/torch_compat.h"
 #include "tests/catch_compat.h"
+#include "tests/test_util.h"
 
 using namespace commtrace;
 
@@ -52,16 +52,7 @@ Trace trace_of(const std::string& model, const std::string& plan, int world) {
   return trace_run(o)[0];
 }
 
-struct TextFile {
-  std::string path;
-  TextFile(const std::string& name, const std::string& body) : path(name) {
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    REQUIRE(f);
-    std::fputs(body.c_str(), f);
-    std::fclose(f);
-  }
-  ~TextFile() { std::remove(path.c_str()); }
-};
+using testing::TempFile;
 
 }  // namespace
 
@@ -74,11 +65,11 @@ TEST_CASE("checkpointing: gradients are unchanged on every plan and family", "[c
     }
   }
   // 8 heads and 16 tokens: every family at world 8; 6 heads and 12 tokens at world 3.
-  const TextFile eight("test_checkpoint_8h.json", R"J({"schema": "commtrace.model",
+  const TempFile eight("test_checkpoint_8h.json", R"J({"schema": "commtrace.model",
       "version": "1.1", "name": "t8", "base": "transformer", "args": {"n_layers": 2,
       "vocab_size": 32, "max_seq_len": 32, "dim": 64, "n_heads": 8, "batch": 2, "seq_len": 16,
       "checkpoint_activations": true}})J");
-  const TextFile six("test_checkpoint_6h.json", R"J({"schema": "commtrace.model",
+  const TempFile six("test_checkpoint_6h.json", R"J({"schema": "commtrace.model",
       "version": "1.1", "name": "t6", "base": "transformer", "args": {"n_layers": 2,
       "vocab_size": 16, "max_seq_len": 12, "dim": 24, "n_heads": 6, "batch": 2, "seq_len": 12,
       "checkpoint_activations": true}})J");
@@ -125,7 +116,7 @@ TEST_CASE("checkpointing: the recompute stops after the last op backward keeps",
 }
 
 TEST_CASE("checkpointing: a plan's checkpoint patterns choose the regions", "[checkpoint]") {
-  const TextFile plan("test_checkpoint_plan.json", R"J({"schema": "commtrace.plan",
+  const TempFile plan("test_checkpoint_plan.json", R"J({"schema": "commtrace.plan",
       "version": "1.3", "checkpoint": ["layers.0"], "plan": {
         "layers.*.attention.wq": {"style": "ColwiseParallel", "use_local_output": false},
         "layers.*.attention.wk": {"style": "ColwiseParallel", "use_local_output": false},
@@ -136,15 +127,10 @@ TEST_CASE("checkpointing: a plan's checkpoint patterns choose the regions", "[ch
   CHECK(c.count({Phase::Recompute, "all_reduce", "Transformer.layers.1.attention.wo"}) == 0);
   CHECK(verify(config("transformer", plan.path, 2)).pass());
 
-  const TextFile bad("test_checkpoint_bad.json", R"J({"schema": "commtrace.plan",
+  const TempFile bad("test_checkpoint_bad.json", R"J({"schema": "commtrace.plan",
       "version": "1.3", "checkpoint": ["layers.9"]})J");
-  try {
-    (void)trace_of("transformer", bad.path, 2);
-    FAIL("no error");
-  } catch (const Error& e) {
-    CHECK(std::string(e.what()).find("checkpoint pattern 'layers.9' matches no module") !=
-          std::string::npos);
-  }
+  CHECK(testing::contains(testing::error_of([&] { (void)trace_of("transformer", bad.path, 2); }),
+                          "checkpoint pattern 'layers.9' matches no module"));
 }
 
 TEST_CASE("checkpointing: the PyTorch dump counts the recompute as backward", "[checkpoint]") {

@@ -1,8 +1,6 @@
 // Sequence-parallel families on "cp" (parallel/plans/context.h): verify against one device for
 // every exact variant, the published RSA scaling caught with its factor, the collectives per
 // layer against the README's formulas, deliberate faults caught, and the errors.
-#include <cstdio>
-#include <functional>
 #include <map>
 #include <string>
 #include <tuple>
@@ -11,6 +9,7 @@
 #include "report/consistency.h"
 #include "report/tree.h"
 #include "tests/catch_compat.h"
+#include "tests/test_util.h"
 
 using namespace commtrace;
 
@@ -35,16 +34,9 @@ std::string rsa_plan(bool divide, const char* reduction, const char* params = "a
 }
 
 // A plan file for the duration of a test.
-struct PlanFile {
-  std::string path;
-  explicit PlanFile(const std::string& text, const std::string& name) {
-    path = "test_context_" + name + ".json";
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    REQUIRE(f);
-    std::fputs(text.c_str(), f);
-    std::fclose(f);
-  }
-  ~PlanFile() { std::remove(path.c_str()); }
+struct PlanFile : testing::TempFile {
+  PlanFile(const std::string& text, const std::string& name)
+      : TempFile("test_context_" + name + ".json", text) {}
 };
 
 const TensorCheck& check_of(const VerifyReport& r, const std::string& name) {
@@ -306,18 +298,8 @@ TEST_CASE("context parallel: a broken collective is caught by verify", "[context
 }
 
 TEST_CASE("context parallel: clear errors", "[context]") {
-  auto error_of = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  auto contains = [](const std::string& s, const char* part) {
-    INFO(s);
-    return s.find(part) != std::string::npos;
-  };
+  using testing::contains;
+  using testing::error_of;
   ParallelConfig cfg = cp_config("transformer", 8);  // 4 heads
   cfg.plan = "ulysses";
   CHECK(contains(error_of([&] { verify(cfg); }), "4 heads, not divisible by the cp size 8"));

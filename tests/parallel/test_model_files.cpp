@@ -1,28 +1,20 @@
 // A model file's "loss" and "freeze" (parallel/nn/models.h): every loss verifies on every
 // family, frozen parameters get no gradient and take their backward collectives with them (the
 // counts PyTorch gives, tests/oracle/oracle_diff.sh), and the errors name the file's key.
-#include <cstdio>
-#include <functional>
 #include <string>
 
 #include "parallel/run/runner.h"
 #include "tests/catch_compat.h"
+#include "tests/test_util.h"
 
 using namespace commtrace;
 
 namespace {
 
 // A model file for the duration of a test; resolve_model caches by path, so names are unique.
-struct ModelFile {
-  std::string path;
-  ModelFile(const std::string& name, const std::string& body) {
-    path = "test_model_files_" + name + ".json";
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    REQUIRE(f);
-    std::fputs(body.c_str(), f);
-    std::fclose(f);
-  }
-  ~ModelFile() { std::remove(path.c_str()); }
+struct ModelFile : testing::TempFile {
+  ModelFile(const std::string& name, const std::string& body)
+      : TempFile("test_model_files_" + name + ".json", body) {}
 };
 
 std::string model_json(const std::string& base, const std::string& extra) {
@@ -167,35 +159,25 @@ TEST_CASE("frozen parameters get no gradient and drop their backward collectives
 }
 
 TEST_CASE("bad loss and freeze keys are errors naming them", "[models][loss][freeze]") {
-  auto error_of = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  using testing::error_of;
   auto file_error = [&](const std::string& name, const std::string& extra) {
     const ModelFile f(name, model_json("mlp", extra));
     return error_of([&] { (void)resolve_model(f.path); });
   };
-  auto has = [](const std::string& text, const std::string& part) {
-    INFO(text);
-    return text.find(part) != std::string::npos;
-  };
-  CHECK(has(file_error("bad_loss", R"(, "loss": "l1")"),
-            "loss: unknown loss 'l1' (known: mse, sum, cross_entropy)"));
-  CHECK(has(file_error("bad_glob", R"(, "freeze": ["net1.*", "net3.*"])"),
-            "freeze[1]: 'net3.*' matches no parameter of mlp-x"));
-  CHECK(has(file_error("bad_freeze", R"(, "freeze": "net1.*")"), "freeze"));
+  using testing::contains;
+  CHECK(contains(file_error("bad_loss", R"(, "loss": "l1")"),
+                 "loss: unknown loss 'l1' (known: mse, sum, cross_entropy)"));
+  CHECK(contains(file_error("bad_glob", R"(, "freeze": ["net1.*", "net3.*"])"),
+                 "freeze[1]: 'net3.*' matches no parameter of mlp-x"));
+  CHECK(contains(file_error("bad_freeze", R"(, "freeze": "net1.*")"), "freeze"));
 
   const ModelFile frozen("frozen_fsdp", model_json("transformer", R"(, "freeze": ["layers.0.*"])"));
   ParallelConfig cfg = config(frozen.path, "tp", 4, {2, 2});
   cfg.data_parallel = "fsdp";
-  CHECK(has(error_of([&] { (void)verify(cfg); }), "run with ddp on dp, not fsdp"));
+  CHECK(contains(error_of([&] { (void)verify(cfg); }), "run with ddp on dp, not fsdp"));
   const ModelFile mse("tf_mse_lp", model_json("transformer", R"(, "loss": "mse")"));
   const std::string lp =
       std::string(COMMTRACE_SOURCE_DIR) + "/samples/plans/transformer_loss_parallel.json";
-  CHECK(has(error_of([&] { (void)verify(config(mse.path, lp, 2)); }),
-            "loss parallel needs a cross-entropy model"));
+  CHECK(contains(error_of([&] { (void)verify(config(mse.path, lp, 2)); }),
+                 "loss parallel needs a cross-entropy model"));
 }

@@ -178,15 +178,11 @@ TEST_CASE("verify passes on uneven shards, input gradients and a dp × tp mesh",
 TEST_CASE("verify reports a wrong plan with the constant factor of its gradients", "[verify]") {
   // Declares the TP output (replicated) as sharded: the loss counts every copy once per rank,
   // so every parameter gradient comes out 1/world of the reference.
-  const std::string path = "verify_wrong_plan.json";
-  {
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    REQUIRE(f != nullptr);
-    std::fputs(R"j({"schema": "commtrace.plan", "version": "1.0", "model_output": "Shard(0)",
-      "plan": {"in_proj": {"style": "ColwiseParallel"}, "out_proj": {"style": "RowwiseParallel"}}})j",
-               f);
-    std::fclose(f);
-  }
+  const testing::TempFile plan(
+      "verify_wrong_plan.json",
+      R"j({"schema": "commtrace.plan", "version": "1.0", "model_output": "Shard(0)",
+      "plan": {"in_proj": {"style": "ColwiseParallel"}, "out_proj": {"style": "RowwiseParallel"}}})j");
+  const std::string& path = plan.path;
   ParallelConfig cfg;
   cfg.model = "toy";
   cfg.plan = path;
@@ -202,5 +198,4 @@ TEST_CASE("verify reports a wrong plan with the constant factor of its gradients
     }
   }
   REQUIRE(saw_factor);
-  std::remove(path.c_str());
 }
