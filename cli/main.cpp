@@ -230,9 +230,7 @@ struct ParallelArgs {
   // REQUIRES: cfg.backend set. Starts MPI for the mpi backend.
   void resolve() {
     if (!mesh.empty()) cfg.mesh = parse_mesh_shape(mesh);
-    // A file name, as resolve_plan tells them: ".json" or a '/'.
-    if (context_parallel.find(".json") != std::string::npos ||
-        context_parallel.find('/') != std::string::npos) {
+    if (names_a_file(context_parallel)) {
       const Plan p = load_plan_file(context_parallel);
       COMMTRACE_CHECK(p.context_parallel.has_value(), ErrorCode::InvalidArgument,
                       "--context-parallel {}: the plan file has no \"context_parallel\"",

@@ -95,9 +95,7 @@ Json phase_json(const ModuleCounts* m, Phase ph, bool details, bool bytes) {
 }
 
 std::vector<std::string> string_list(const JsonReader& rd, const Json& j, const JsonPath& path) {
-  rd.array(j, path);
-  std::vector<std::string> out;
-  for (std::size_t i = 0; i < j.size(); ++i) out.push_back(rd.str(j[i], path.index(i)));
+  std::vector<std::string> out = rd.strings(j, path);
   std::sort(out.begin(), out.end());
   return out;
 }

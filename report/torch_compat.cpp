@@ -213,18 +213,17 @@ Json node_json(const Trace& t, const std::vector<ModuleView>& views, std::size_t
     }
     j[p == Phase::Forward ? "collectives_forward" : "collectives_backward"] = std::move(colls);
   }
-  for (Phase p : kShownPhases) {
+  static constexpr std::pair<const char*, Phase> kOpLists[] = {
+      {"operations_forward", Phase::Forward},
+      {"operations_backward", Phase::Backward},
+      {"operations_checkpointing", Phase::Recompute}};
+  for (const auto& [key, p] : kOpLists) {
     Json ops = Json::array();
     for (const Record* r : view.ops[std::size_t(phase_slot(p))]) {
       if (op_listed(t, *r, noise)) ops.push_back(op_json(t, *r));
     }
-    j[p == Phase::Forward ? "operations_forward" : "operations_backward"] = std::move(ops);
+    j[key] = std::move(ops);
   }
-  Json checkpointing = Json::array();
-  for (const Record* r : view.ops[2]) {
-    if (op_listed(t, *r, noise)) checkpointing.push_back(op_json(t, *r));
-  }
-  j["operations_checkpointing"] = std::move(checkpointing);
   return j;
 }
 

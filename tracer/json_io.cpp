@@ -198,6 +198,13 @@ std::string JsonReader::str(const Json& j, const JsonPath& path) const {
   return j.get<std::string>();
 }
 
+std::vector<std::string> JsonReader::strings(const Json& j, const JsonPath& path) const {
+  array(j, path);
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < j.size(); ++i) out.push_back(str(j[i], path.index(i)));
+  return out;
+}
+
 bool JsonReader::boolean(const Json& j, const JsonPath& path) const {
   if (!j.is_boolean()) fail(path, fmt::format("expected true or false, got {}", type_name(j)));
   return j.get<bool>();
@@ -233,6 +240,10 @@ std::uint64_t JsonReader::unsigned_integer(const Json& j, const JsonPath& path) 
   if (j.is_number_integer()) fail(path, fmt::format("{} must not be negative", j.dump()));
   fail(path, fmt::format("expected a non-negative integer, got {}",
                          j.is_number() ? "a fraction" : type_name(j)));
+}
+
+bool names_a_file(std::string_view arg) {
+  return arg.find(".json") != std::string_view::npos || arg.find('/') != std::string_view::npos;
 }
 
 std::string read_text_file(const std::string& path, std::string_view what) {

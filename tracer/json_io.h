@@ -83,6 +83,7 @@ class JsonReader {
   const Json& at(const Json& obj, const char* key, const JsonPath& path) const;  // required
   const Json* find(const Json& obj, const char* key) const;                      // optional
   std::string str(const Json& j, const JsonPath& path) const;
+  std::vector<std::string> strings(const Json& j, const JsonPath& path) const;  // an array
   bool boolean(const Json& j, const JsonPath& path) const;
   double number(const Json& j, const JsonPath& path) const;  // finite
   std::int64_t integer(const Json& j, const JsonPath& path,
@@ -115,6 +116,10 @@ class JsonReader {
 
 // The whole file. Error(Io) "<path>: cannot open <what>: <reason>" when it cannot be read.
 std::string read_text_file(const std::string& path, std::string_view what = "file");
+
+// Whether a --model / --plan style argument names a file rather than a built-in: it holds
+// ".json" or a '/'.
+bool names_a_file(std::string_view arg);
 
 // A file written through a temporary file in the same folder and renamed over the target by
 // commit(), once every byte is written and flushed: a failed or abandoned write leaves the old

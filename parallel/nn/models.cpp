@@ -487,11 +487,7 @@ ModelEntry model_from_json_text(const std::string& text, const std::string& sour
   }
   if (const Json* freeze = rd.find(j, "freeze")) {
     const JsonPath fpath = top.key("freeze");
-    std::vector<std::string> patterns;
-    const Json& list = rd.array(*freeze, fpath);
-    for (std::size_t i = 0; i < list.size(); ++i)
-      patterns.push_back(rd.str(list[i], fpath.index(i)));
-    set_freeze(e, std::move(patterns), rd, fpath);
+    set_freeze(e, rd.strings(*freeze, fpath), rd, fpath);
   }
   return e;
 }
@@ -518,10 +514,7 @@ bool glob_match(std::string_view pattern, std::string_view name) {
 }
 
 const ModelEntry& resolve_model(const std::string& name_or_file) {
-  if (name_or_file.find(".json") == std::string::npos &&
-      name_or_file.find('/') == std::string::npos) {
-    return find_model(name_or_file);
-  }
+  if (!names_a_file(name_or_file)) return find_model(name_or_file);
   static std::mutex mu;
   static std::map<std::string, std::unique_ptr<ModelEntry>> loaded;
   std::lock_guard<std::mutex> lock(mu);

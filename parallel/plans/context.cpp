@@ -382,17 +382,13 @@ void apply_context_parallel(Module& model, const std::shared_ptr<const DeviceMes
   for (auto& [path, m] : model.named_modules()) {
     auto* attn = dynamic_cast<Attention*>(m);
     if (!attn) continue;
-    if (opts.family == "ulysses" && tp_size == 1) {
-      COMMTRACE_CHECK(attn->n_heads() % w == 0, ErrorCode::InvalidArgument,
-                      "ulysses: {} has {} heads, not divisible by the cp size {} (the all_to_all "
-                      "gives each rank whole heads)",
-                      attn->fqn(), attn->n_heads(), w);
-    } else if (opts.family == "ulysses") {
-      COMMTRACE_CHECK(attn->n_heads() % (std::int64_t(tp_size) * w) == 0,
-                      ErrorCode::InvalidArgument,
-                      "ulysses: {} has {} heads, {} per tp rank, not divisible by the cp size {} "
-                      "(the all_to_all gives each rank whole heads)",
-                      attn->fqn(), attn->n_heads(), attn->n_heads() / tp_size, w);
+    if (opts.family == "ulysses") {
+      const std::int64_t heads = attn->n_heads();
+      COMMTRACE_CHECK(heads % (std::int64_t(tp_size) * w) == 0, ErrorCode::InvalidArgument,
+                      "ulysses: {} has {} heads{}, not divisible by the cp size {} (the "
+                      "all_to_all gives each rank whole heads)",
+                      attn->fqn(), heads,
+                      tp_size > 1 ? fmt::format(", {} per tp rank", heads / tp_size) : "", w);
     }
     attn->core = make_context_core(cp, opts, offset);
   }

@@ -441,13 +441,8 @@ Plan plan_from_json_text(const std::string& text, const std::string& source) {
                 {"schema", "version", "name", "plan", "model_input", "model_output",
                  "loss_parallel", "coalesce_partial_grads", "context_parallel", "checkpoint"});
   Plan plan;
-  if (const Json* v = rd.find(j, "checkpoint")) {
-    const JsonPath cpath = top.key("checkpoint");
-    const Json& list = rd.array(*v, cpath);
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      plan.checkpoint.push_back(rd.str(list[i], cpath.index(i)));
-    }
-  }
+  if (const Json* v = rd.find(j, "checkpoint"))
+    plan.checkpoint = rd.strings(*v, top.key("checkpoint"));
   const Json* name = rd.find(j, "name");
   plan.name = name ? rd.str(*name, top.key("name")) : source;
   if (const Json* v = rd.find(j, "model_input")) {
@@ -648,10 +643,7 @@ Plan builtin_plan(const std::string& model, const std::string& name) {
 }
 
 Plan resolve_plan(const std::string& model, const std::string& plan_or_file) {
-  if (plan_or_file.find(".json") != std::string::npos ||
-      plan_or_file.find('/') != std::string::npos) {
-    return load_plan_file(plan_or_file);
-  }
+  if (names_a_file(plan_or_file)) return load_plan_file(plan_or_file);
   return builtin_plan(model, plan_or_file);
 }
 

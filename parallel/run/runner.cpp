@@ -643,7 +643,7 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
                   "verify: runs on cpu (got {})", device_name(cfg.module.device));
   const Plan plan = config_plan(cfg);
   const MeshDims dims = mesh_dims(cfg, plan);
-  const int dp = dims.dp, tp = plan.context_parallel && plan.styles.empty() ? dims.cp : dims.tp;
+  const int dp = dims.dp, tp = dims.tp;
   COMMTRACE_CHECK(cfg.backend == "threads" || cfg.backend == "mpi", ErrorCode::InvalidArgument,
                   "verify: runs on the threads or mpi backend (got {})", cfg.backend);
   LaunchOptions lo;

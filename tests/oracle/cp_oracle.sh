@@ -4,12 +4,6 @@
 # Python: $COMMTRACE_TORCH_PYTHON, else the repo's .venv, else python3.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-py="${COMMTRACE_TORCH_PYTHON:-}"
-if [[ -z "$py" ]]; then
-  if [[ -x "$here/../../.venv/bin/python" ]]; then py="$here/../../.venv/bin/python"; else py=python3; fi
-fi
-if ! "$py" -c "import torch" >/dev/null 2>&1; then
-  echo "cp_oracle: torch is not importable with $py (see tests/oracle/README.md); skipped"
-  exit 77
-fi
+source "$here/torch_python.sh"
+torch_python cp_oracle torch
 OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore exec "$py" "$here/cp_oracle.py" --cp-core "$1"

@@ -6,14 +6,8 @@
 set -uo pipefail
 ct="$1"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-py="${COMMTRACE_TORCH_PYTHON:-}"
-if [[ -z "$py" ]]; then
-  if [[ -x "$here/../../.venv/bin/python" ]]; then py="$here/../../.venv/bin/python"; else py=python3; fi
-fi
-if ! "$py" -c "import torch, torch.distributed.tensor.debug" >/dev/null 2>&1; then
-  echo "oracle: PyTorch is not importable with $py (see tests/oracle/README.md); skipped"
-  exit 77
-fi
+source "$here/torch_python.sh"
+torch_python oracle "torch, torch.distributed.tensor.debug"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 fails=0
 # compare NAME DEPTH: the PyTorch oracle run with the array torch_args, commtrace run with the
