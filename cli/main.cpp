@@ -19,6 +19,7 @@
 #include <optional>
 #include <random>
 
+#include "kernels/backend.h"
 #include "parallel/nn/models.h"
 #include "parallel/run/bench.h"
 #include "parallel/run/runner.h"
@@ -117,6 +118,14 @@ int cmd_models() {
     }
     fmt::print("{:<13} {:>8}  {:<18} {}\n", e.name, count, e.input, e.description);
   }
+  // Which --device values run here (cuda: built with the CUDA backend and a device visible).
+  std::string devices;
+  for (Device d : {Device::CPU, Device::CUDA, Device::Meta}) {
+    const std::string why = kernels_unavailable_reason(d);
+    devices += fmt::format("{}{} {}", devices.empty() ? "" : ", ", device_name(d),
+                           why.empty() ? "yes" : fmt::format("no ({})", why));
+  }
+  fmt::print("\ndevices: {}\n", devices);
   return 0;
 }
 
@@ -923,9 +932,9 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--optimizer", train_args.opts.optimizer, "adamw or sgd")
       ->capture_default_str()
       ->check(one_of({"adamw", "sgd"}));
-  train_cmd->add_option("--device", train_args.device, "cpu or meta (shapes only)")
+  train_cmd->add_option("--device", train_args.device, "cpu, cuda, or meta (shapes only)")
       ->capture_default_str()
-      ->check(one_of({"cpu", "meta"}));
+      ->check(one_of({"cpu", "cuda", "meta"}));
   train_cmd->add_option("--dtype", train_args.dtype, "f32 or f64")
       ->capture_default_str()
       ->check(one_of({"f32", "f64"}));
@@ -943,9 +952,9 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--iters", run_args.iters, "Training iterations")
       ->capture_default_str()
       ->check(whole_number(1, 1000000));
-  run_cmd->add_option("--device", run_args.p.device, "cpu, or meta (with --backend fake)")
+  run_cmd->add_option("--device", run_args.p.device, "cpu, cuda, or meta (with --backend fake)")
       ->capture_default_str()
-      ->check(one_of({"cpu", "meta"}));
+      ->check(one_of({"cpu", "cuda", "meta"}));
   run_cmd
       ->add_option("--backend", run_args.backend,
                    "threads (real data), fake (records only) or mpi (one process per rank, "
@@ -977,6 +986,11 @@ int main(int argc, char** argv) {
                    "threads, or mpi (one process per rank, under mpirun)")
       ->capture_default_str()
       ->check(one_of({"threads", "mpi"}));
+  verify_cmd
+      ->add_option("--device", verify_args.p.device,
+                   "cpu or cuda (the ranks and the one-device reference both run there)")
+      ->capture_default_str()
+      ->check(one_of({"cpu", "cuda"}));
   verify_cmd->add_option("--tolerance", verify_args.tolerance, "Max relative error")
       ->capture_default_str()
       ->check(positive_finite());
@@ -1085,9 +1099,10 @@ int main(int argc, char** argv) {
   bench_args.p.cfg.model = "transformer";
   bench_args.p.cfg.world_size = 4;
   bench_args.p.add_to(bench_step_cmd);
-  bench_step_cmd->add_option("--device", bench_args.p.device, "cpu, or meta (with --backend fake)")
+  bench_step_cmd
+      ->add_option("--device", bench_args.p.device, "cpu, cuda, or meta (with --backend fake)")
       ->capture_default_str()
-      ->check(one_of({"cpu", "meta"}));
+      ->check(one_of({"cpu", "cuda", "meta"}));
   bench_step_cmd->add_option("--backend", bench_args.backend, "threads or fake")
       ->capture_default_str()
       ->check(one_of({"threads", "fake"}));

@@ -7,6 +7,10 @@ namespace commtrace {
 // Defined in cpu_backend.cpp and meta_backend.cpp; reached only through kernels_for().
 const Kernels& cpu_backend();
 const Kernels& meta_backend();
+#if COMMTRACE_WITH_CUDA
+const Kernels& cuda_backend();  // cuda_backend.cpp; throws Unsupported without a device
+std::string cuda_unavailable_reason();
+#endif
 
 DType acc_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; }
 
@@ -17,12 +21,31 @@ const Kernels& kernels_for(Device d) {
     case Device::Meta:
       return meta_backend();
     case Device::CUDA:
+#if COMMTRACE_WITH_CUDA
+      return cuda_backend();
+#else
       throw Error(ErrorCode::Unsupported,
-                  "cuda: this build has no CUDA kernels yet (the CUDA backend is a later issue)");
+                  "cuda: this build has no CUDA backend (configure with nvcc present and "
+                  "-DCOMMTRACE_WITH_CUDA=ON)");
+#endif
   }
   throw Error(ErrorCode::InvalidArgument, fmt::format("kernels_for: unknown device {}", int(d)));
 }
 
-bool has_kernels(Device d) { return d == Device::CPU || d == Device::Meta; }
+bool has_kernels(Device d) {
+#if COMMTRACE_WITH_CUDA
+  if (d == Device::CUDA) return cuda_unavailable_reason().empty();
+#endif
+  return d == Device::CPU || d == Device::Meta;
+}
+
+std::string kernels_unavailable_reason(Device d) {
+  if (has_kernels(d)) return "";
+#if COMMTRACE_WITH_CUDA
+  return cuda_unavailable_reason();
+#else
+  return "this build has no CUDA backend";
+#endif
+}
 
 }  // namespace commtrace

@@ -10,12 +10,14 @@
 // acc_dtype(dt): f64 for f64, f32 otherwise. Index buffers are i64.
 //
 // Devices. cpu: OpenBLAS GEMM, the reference loops elsewhere. meta: every kernel is a no-op and
-// allocate() returns null (shapes only, no data). cuda: arrives with the CUDA backend;
-// kernels_for(Device::CUDA) throws Unsupported in a build without it.
+// allocate() returns null (shapes only, no data). cuda: cuBLAS GEMM and the kernels of
+// kernels/cuda/, queued on the calling thread's stream (kernels/cuda_backend.cpp);
+// kernels_for(Device::CUDA) throws Unsupported in a build without CUDA or with no device.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernels/base.h"
 
@@ -65,6 +67,9 @@ class Kernels {
  public:
   virtual ~Kernels() = default;
   virtual Device device() const = 0;
+  // Returns when the work this thread queued has finished (a no-op where kernels run inline):
+  // before another thread reads or writes the buffers.
+  virtual void synchronize() const = 0;
 
   // ---- memory (device buffers; ordinal selects the device of that type) ----
   // REQUIRES: bytes > 0 for a non-null result. Throws Backend when out of memory.
@@ -235,7 +240,9 @@ class Kernels {
 
 // The kernels of a device type. Throws Unsupported for a device this build has no kernels for.
 const Kernels& kernels_for(Device d);
-// True when this build has kernels for the device type.
+// True when this build has kernels for the device type and (cuda) a device is visible.
 bool has_kernels(Device d);
+// Why has_kernels(d) is false ("" when it is true), for messages and skipped tests.
+std::string kernels_unavailable_reason(Device d);
 
 }  // namespace commtrace

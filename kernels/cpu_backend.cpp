@@ -196,6 +196,7 @@ void gemm_bf16(const GemmArgs& g) {
 class CpuKernels final : public Kernels {
  public:
   Device device() const override { return Device::CPU; }
+  void synchronize() const override {}
 
   // ---- memory ----
   void* allocate(std::size_t bytes, int ordinal) const override {

@@ -9,6 +9,7 @@ namespace {
 class MetaKernels final : public Kernels {
  public:
   Device device() const override { return Device::Meta; }
+  void synchronize() const override {}
 
   void* allocate(std::size_t, int) const override { return nullptr; }
   void deallocate(void*, std::size_t, int) const override {}

@@ -5,6 +5,12 @@
 # or SKIP with its reason, then a summary; exit 1 when any check fails.
 #
 # Checks so far:
+#   cuda-kernels  tests/kernels/test_cuda: the CUDA backend against the CPU backend (the reference)
+#                 on random inputs, f32, f64 and bf16.
+#   cuda-verify   verify --device cuda (threads backend: several ranks on the one GPU) for the
+#                 zoo's models and plans at world 1, 2 and 4.
+#   cuda-trace    run --device cuda writes the CPU run's PyTorch-format dump byte for byte
+#                 (modules, collectives, counts, shapes, shardings).
 #   nccl-plugin   libcommtrace_nccl_profiler.so loaded by a real NCCL program (world 1,
 #                 tests/nccl_profiler/nccl_world1.cpp): its trace holds every call it made.
 #   torch-plugin  the same plugin under PyTorch's NCCL process group (world 1), when torch with
@@ -41,7 +47,7 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCOMMTRACE_WITH
 else
   grep "commtrace:" "$out/configure.log"
   if cmake --build "$build" -j"${JOBS:-$(nproc)}" --target commtrace commtrace_nccl_profiler \
-    nccl_world1 >"$out/build.log" 2>&1; then
+    nccl_world1 test_cuda >"$out/build.log" 2>&1; then
     result PASS build "$(($(date +%s) - start)) s"
   else
     tail -30 "$out/build.log"
@@ -50,6 +56,52 @@ else
 fi
 ct="$build/commtrace"
 plugin="$root/$build/libcommtrace_nccl_profiler.so"
+
+# ---- cuda-kernels: every CUDA kernel against the CPU backend ----
+if timeout 300 "$build/tests/kernels/test_cuda" >"$out/test_cuda.log" 2>&1; then
+  result PASS cuda-kernels "$(tail -1 "$out/test_cuda.log")"
+else
+  tail -40 "$out/test_cuda.log"
+  result FAIL cuda-kernels "test_cuda failed (log: $out/test_cuda.log)"
+fi
+
+# ---- cuda-verify: parallel on the GPU against one device, per zoo model and plan ----
+verify_failed=()
+verify_runs=0
+for mp in "toy tp" "toy sp" "mlp tp" "transformer tp" "transformer sp" "decoder tp"; do
+  read -r model plan <<<"$mp"
+  for w in 1 2 4; do
+    verify_runs=$((verify_runs + 1))
+    if ! timeout 120 "$ct" verify --device cuda --model "$model" --plan "$plan" --world-size "$w" \
+      >"$out/verify-$model-$plan-$w.log" 2>&1; then
+      tail -5 "$out/verify-$model-$plan-$w.log"
+      verify_failed+=("$model/$plan/w$w")
+    fi
+  done
+done
+if ((${#verify_failed[@]} == 0)); then
+  result PASS cuda-verify "$verify_runs runs"
+else
+  result FAIL cuda-verify "${#verify_failed[@]} of $verify_runs failed: ${verify_failed[*]}"
+fi
+
+# ---- cuda-trace: the GPU run's collective summary equals the CPU run's ----
+trace_failed=()
+for w in 2 4; do
+  for plan in tp sp; do
+    for dev in cpu cuda; do
+      timeout 120 "$ct" run --device "$dev" --model transformer --plan "$plan" --world-size "$w" \
+        --noise 2 --torch-json "$out/trace-$plan-$w-$dev.json" >"$out/trace-$plan-$w-$dev.log" 2>&1 ||
+        echo "run failed" >"$out/trace-$plan-$w-$dev.json"
+    done
+    cmp -s "$out/trace-$plan-$w-cpu.json" "$out/trace-$plan-$w-cuda.json" || trace_failed+=("$plan/w$w")
+  done
+done
+if ((${#trace_failed[@]} == 0)); then
+  result PASS cuda-trace "transformer tp and sp at world 2 and 4"
+else
+  result FAIL cuda-trace "cpu and cuda dumps differ: ${trace_failed[*]} (see $out/trace-*)"
+fi
 
 # ---- nccl-plugin: a real NCCL program at world 1 ----
 if [[ ! -x "$build/tests/nccl_profiler/nccl_world1" ]]; then

@@ -92,7 +92,8 @@ class ThreadsCommunicator final : public Communicator {
   const char* backend_name() const override { return "threads"; }
 
  protected:
-  bool supports_device(Device d) const override { return d == Device::CPU; }
+  // Device buffers of one process are moved by that device's kernels (cuda: ranks share a GPU).
+  bool supports_device(Device d) const override { return d == Device::CPU || d == Device::CUDA; }
 
   void run(const CollectiveCall& c) override {
     if (c.op == Collective::Barrier) return do_barrier(c.seq);  // no buffers
@@ -121,7 +122,8 @@ class ThreadsCommunicator final : public Communicator {
     const DType dt = t.dtype();
     const std::int64_t n_elems = t.numel();
     void* buf = data_of(t);
-    collective({Collective::AllReduce, dt, t.shape(), op, -1}, buf, buf, seq,
+    const Kernels& k = kernels_for(t.device());
+    collective(k, {Collective::AllReduce, dt, t.shape(), op, -1}, buf, buf, seq,
                [&](const std::vector<const void*>& ins, const std::vector<void*>& outs) {
                  // Chunk bounds are multiples of 64 elements so ranks write different lines.
                  const int n = size();
@@ -129,19 +131,18 @@ class ThreadsCommunicator final : public Communicator {
                    if (r >= n) return n_elems;
                    return std::min(n_elems, (n_elems * r / n) / 64 * 64);
                  };
-                 kernels_for(Device::CPU)
-                     .reduce(dt, op, ins.data(), n, outs.data(), n, bound(rank()),
-                             bound(rank() + 1));
+                 k.reduce(dt, op, ins.data(), n, outs.data(), n, bound(rank()), bound(rank() + 1));
                });
   }
 
   void do_all_gather(const Tensor& in, Tensor& out, std::uint64_t seq) {
     const std::int64_t bytes = in.numel() * std::int64_t(dtype_size(in.dtype()));
     void* dst = data_of(out);
-    collective({Collective::AllGather, in.dtype(), in.shape(), ReduceOp::None, -1}, data_of(in),
+    const Kernels& k = kernels_for(in.device());
+    collective(k, {Collective::AllGather, in.dtype(), in.shape(), ReduceOp::None, -1}, data_of(in),
                dst, seq, [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
                  for (int j = 0; j < size(); ++j) {
-                   std::memcpy(byte_ptr(dst, j * bytes), ins[std::size_t(j)], std::size_t(bytes));
+                   k.copy(byte_ptr(dst, j * bytes), ins[std::size_t(j)], std::size_t(bytes));
                  }
                });
   }
@@ -151,24 +152,25 @@ class ThreadsCommunicator final : public Communicator {
     const std::int64_t chunk = out.numel();
     const std::int64_t offset = rank() * chunk * std::int64_t(dtype_size(dt));
     void* dst = data_of(out);
-    collective(
-        {Collective::ReduceScatter, dt, in.shape(), op, -1}, data_of(in), dst, seq,
-        [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
-          std::vector<const void*> srcs;
-          for (const void* p : ins) srcs.push_back(byte_ptr(p, offset));
-          kernels_for(Device::CPU).reduce(dt, op, srcs.data(), int(srcs.size()), &dst, 1, 0, chunk);
-        });
+    const Kernels& k = kernels_for(in.device());
+    collective(k, {Collective::ReduceScatter, dt, in.shape(), op, -1}, data_of(in), dst, seq,
+               [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
+                 std::vector<const void*> srcs;
+                 for (const void* p : ins) srcs.push_back(byte_ptr(p, offset));
+                 k.reduce(dt, op, srcs.data(), int(srcs.size()), &dst, 1, 0, chunk);
+               });
   }
 
   void do_all_to_all(const Tensor& in, Tensor& out, std::uint64_t seq) {
     const std::int64_t chunk_bytes = in.numel() / size() * std::int64_t(dtype_size(in.dtype()));
     void* dst = data_of(out);
-    collective({Collective::AllToAll, in.dtype(), in.shape(), ReduceOp::None, -1}, data_of(in), dst,
-               seq, [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
+    const Kernels& k = kernels_for(in.device());
+    collective(k, {Collective::AllToAll, in.dtype(), in.shape(), ReduceOp::None, -1}, data_of(in),
+               dst, seq, [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
                  for (int j = 0; j < size(); ++j) {
-                   std::memcpy(byte_ptr(dst, j * chunk_bytes),
-                               byte_ptr(ins[std::size_t(j)], rank() * chunk_bytes),
-                               std::size_t(chunk_bytes));
+                   k.copy(byte_ptr(dst, j * chunk_bytes),
+                          byte_ptr(ins[std::size_t(j)], rank() * chunk_bytes),
+                          std::size_t(chunk_bytes));
                  }
                });
   }
@@ -176,14 +178,16 @@ class ThreadsCommunicator final : public Communicator {
   void do_broadcast(Tensor& t, int root, std::uint64_t seq) {
     const std::size_t bytes = std::size_t(t.numel()) * dtype_size(t.dtype());
     void* buf = data_of(t);
-    collective({Collective::Broadcast, t.dtype(), t.shape(), ReduceOp::None, root}, buf, buf, seq,
-               [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
-                 if (rank() != root) std::memcpy(buf, ins[std::size_t(root)], bytes);
+    const Kernels& k = kernels_for(t.device());
+    collective(k, {Collective::Broadcast, t.dtype(), t.shape(), ReduceOp::None, root}, buf, buf,
+               seq, [&](const std::vector<const void*>& ins, const std::vector<void*>&) {
+                 if (rank() != root) k.copy(buf, ins[std::size_t(root)], bytes);
                });
   }
 
   void do_barrier(std::uint64_t seq) {
-    collective({Collective::Barrier, DType::F32, {}, ReduceOp::None, -1}, nullptr, nullptr, seq,
+    collective(kernels_for(Device::CPU), {Collective::Barrier, DType::F32, {}, ReduceOp::None, -1},
+               nullptr, nullptr, seq,
                [](const std::vector<const void*>&, const std::vector<void*>&) {});
   }
 
@@ -192,6 +196,9 @@ class ThreadsCommunicator final : public Communicator {
     std::vector<Posted> posted;  // reserved up front: the mailboxes point into it
     posted.reserve(calls.size());
     std::vector<int> posted_peer;
+    for (const CollectiveCall& c : calls) {  // sent buffers are ready before a peer reads them
+      if (c.op == Collective::Send) kernels_for(c.in->device()).synchronize();
+    }
     {
       std::lock_guard<std::mutex> lock(g.mu);
       for (const CollectiveCall& c : calls) {
@@ -263,11 +270,23 @@ class ThreadsCommunicator final : public Communicator {
     }
     p.state = Posted::State::Copying;
     lock.unlock();
-    if (p.bytes > 0) std::memcpy(data_of(t), p.data, p.bytes);
+    std::string failed;  // a device copy that fails fails both ends, never leaves one waiting
+    if (p.bytes > 0) {
+      try {
+        const Kernels& k = kernels_for(t.device());
+        k.copy(data_of(t), p.data, p.bytes);
+        k.synchronize();  // done before the sender may free its buffer
+      } catch (const std::exception& e) {
+        failed = fmt::format("recv seq {} from rank {} on group '{}': {}", seq, peer_global, g.name,
+                             e.what());
+      }
+    }
     lock.lock();
+    p.error = failed;
     p.state = Posted::State::Taken;
     backend_->waits().unblock(peer_global);  // the sender's wait ends
     g.cv.notify_all();
+    if (!failed.empty()) throw Error(ErrorCode::Backend, failed);
   }
 
   // Waits until every posted send was taken by its receiver.
@@ -317,7 +336,8 @@ class ThreadsCommunicator final : public Communicator {
 
   using Step = std::function<void(const std::vector<const void*>&, const std::vector<void*>&)>;
 
-  static void* data_of(const Tensor& t) { return t.raw_data(dtype_size(t.dtype())); }
+  // The tensor's elements on its device (checked by the Communicator: cpu or cuda).
+  static void* data_of(const Tensor& t) { return t.data_ptr(); }
 
   Clock::time_point deadline_from_now() const {
     return Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -329,9 +349,12 @@ class ThreadsCommunicator final : public Communicator {
     if (job.aborted()) throw PeerAborted(job.abort_message());
   }
 
-  // The three phases of the file comment. step gets every rank's in and out buffer.
-  void collective(const CallDesc& d, const void* in, void* out, std::uint64_t seq,
+  // The three phases of the file comment. step gets every rank's in and out buffer and runs
+  // on k's queue; k.synchronize() before arrival (the buffers are ready for the peers) and after
+  // the step (the peers' buffers are done with before anyone leaves).
+  void collective(const Kernels& k, const CallDesc& d, const void* in, void* out, std::uint64_t seq,
                   const Step& step) {
+    k.synchronize();
     GroupState& g = *state_;
     const std::size_t n = g.slots.size();
     Slot& me = g.slots[std::size_t(rank())];
@@ -380,6 +403,7 @@ class ThreadsCommunicator final : public Communicator {
     std::exception_ptr error;
     try {
       step(ins, outs);
+      k.synchronize();
     } catch (...) {
       error = std::current_exception();
     }

@@ -39,10 +39,7 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
   mesh_shape(cfg);
   COMMTRACE_CHECK(o.steps >= 1 && o.rounds >= 1, ErrorCode::InvalidArgument,
                   "bench: steps {} and rounds {} must be >= 1", o.steps, o.rounds);
-  COMMTRACE_CHECK(cfg.backend == "fake" || cfg.module.device == Device::CPU,
-                  ErrorCode::InvalidArgument,
-                  "device {} needs the fake backend (the threads backend moves real data)",
-                  device_name(cfg.module.device));
+  check_device(cfg);
   config_plan(cfg);  // fail early, before any thread
 
   StepBenchResult result;

@@ -1,4 +1,5 @@
 #include "parallel/run/runner.h"
+#include "kernels/backend.h"
 
 #include <algorithm>
 #include <cmath>
@@ -94,6 +95,20 @@ std::int64_t global_rows_scale(const Plan& plan, int dp, int tp) {
 }
 
 }  // namespace
+
+void check_device(const ParallelConfig& cfg) {
+  const Device d = cfg.module.device;
+  COMMTRACE_CHECK(cfg.backend == "fake" || d != Device::Meta, ErrorCode::InvalidArgument,
+                  "device meta needs the fake backend (the {} backend moves real data)",
+                  cfg.backend);
+  if (d != Device::CUDA) return;
+  COMMTRACE_CHECK(has_kernels(Device::CUDA), ErrorCode::Unsupported, "device cuda: {}",
+                  kernels_unavailable_reason(Device::CUDA));
+  COMMTRACE_CHECK(cfg.backend == "threads" || cfg.backend == "fake", ErrorCode::Unsupported,
+                  "device cuda runs on the threads or fake backend, not {} (its collectives move "
+                  "host buffers)",
+                  cfg.backend);
+}
 
 Plan config_plan(const ParallelConfig& cfg) {
   Plan plan = resolve_plan(resolve_model(cfg.model).family, cfg.plan);
@@ -491,10 +506,7 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
     COMMTRACE_CHECK(r >= 0 && r < cfg.world_size, ErrorCode::InvalidArgument,
                     "rank {} out of range [0, {})", r, cfg.world_size);
   }
-  COMMTRACE_CHECK(cfg.backend == "fake" || cfg.module.device == Device::CPU,
-                  ErrorCode::InvalidArgument,
-                  "device {} needs the fake backend (the threads backend moves real data)",
-                  device_name(cfg.module.device));
+  check_device(cfg);
   config_plan(cfg);  // fail early, before any thread
 
   // Slot i: the trace of traced[i], when this process ran that rank.
@@ -531,7 +543,7 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
           tr.next_iteration();
           if (opts.on_iteration && ctx.rank() == traced.front())
             opts.on_iteration(it + 1, opts.iters);
-          if (cfg.module.device == Device::CPU && cfg.backend != "fake") {
+          if (cfg.module.device != Device::Meta && cfg.backend != "fake") {
             NoGradGuard ng;  // the loss readout (an all_reduce when Partial) is not traced
             mine.push_back((is_dtensor(loss) ? full_tensor(loss) : loss).item());
           }
@@ -639,8 +651,9 @@ Values reference_run(const ParallelConfig& cfg, const Plan& plan, int dp, int tp
 }  // namespace
 
 VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
-  COMMTRACE_CHECK(cfg.module.device == Device::CPU, ErrorCode::InvalidArgument,
-                  "verify: runs on cpu (got {})", device_name(cfg.module.device));
+  COMMTRACE_CHECK(cfg.module.device != Device::Meta, ErrorCode::InvalidArgument,
+                  "verify: compares values, so it runs on cpu or cuda (got meta)");
+  check_device(cfg);
   const Plan plan = config_plan(cfg);
   const MeshDims dims = mesh_dims(cfg, plan);
   const int dp = dims.dp, tp = dims.tp;

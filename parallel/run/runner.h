@@ -45,6 +45,10 @@ struct ParallelConfig {
 
 // The config's plan, resolved for its model, with the config's context_parallel applied.
 Plan config_plan(const ParallelConfig& cfg);
+// Errors naming the problem when cfg's device cannot run here: meta moves no data (fake backend
+// only); cuda needs this build's CUDA backend, a visible device and a backend that moves device
+// buffers (threads, or fake).
+void check_device(const ParallelConfig& cfg);
 
 // The mesh shape of a config (1 to 3 dims), checked against the world size (and a 2-D one for
 // fsdp).

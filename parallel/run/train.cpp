@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "kernels/backend.h"
 #include "parallel/nn/optim.h"
 
 namespace commtrace {
@@ -9,8 +10,9 @@ namespace commtrace {
 void train(const TrainOptions& opts, const std::function<void(const StepResult&)>& on_step) {
   COMMTRACE_CHECK(opts.steps >= 0, ErrorCode::InvalidArgument, "train: steps = {} (must be >= 0)",
                   opts.steps);
-  COMMTRACE_CHECK(opts.module.device != Device::CUDA, ErrorCode::Unsupported,
-                  "train: device cuda is not available in this build (cpu or meta)");
+  COMMTRACE_CHECK(opts.module.device != Device::CUDA || has_kernels(Device::CUDA),
+                  ErrorCode::Unsupported, "train: device cuda: {}",
+                  kernels_unavailable_reason(Device::CUDA));
   const ModelEntry& entry = resolve_model(opts.model);
   std::shared_ptr<Module> model = entry.build(opts.seed, opts.module);
   const Batch batch = entry.batch(opts.seed, opts.module, 1);
