@@ -62,6 +62,11 @@ __device__ inline double block_max(double v) {
   return total;
 }
 
+// A bf16 element in a kernel's buffers (its bits; arithmetic goes through float).
+struct Bf16 {
+  std::uint16_t bits;
+};
+
 __host__ __device__ inline float bf16_bits_to_float(std::uint16_t b) {
   const std::uint32_t u = std::uint32_t(b) << 16;
   float f;

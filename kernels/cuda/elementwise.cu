@@ -98,9 +98,6 @@ __global__ void mul_kernel(const T* a, const T* b, T* out, i64 n) {
 }
 
 // ---- conversion: the casts of ref::convert ----
-struct Bf16 {
-  std::uint16_t bits;
-};
 
 template <typename Dst, typename Src>
 __device__ Dst cast(Src v) {

@@ -52,9 +52,6 @@ __global__ void sum_to_kernel(const T* in, Dims d, Dims summed, T* out, i64 out_
   }
 }
 
-struct Bf16 {
-  std::uint16_t bits;
-};
 template <typename T, typename A>
 __device__ A load(const void* p, i64 i) {
   if constexpr (std::is_same_v<T, Bf16>) {
