@@ -24,6 +24,7 @@
 #include "parallel/run/bench.h"
 #include "parallel/run/runner.h"
 #include "parallel/run/train.h"
+#include "parallel/tensor/ops.h"
 #include "report/advise.h"
 #include "report/baseline.h"
 #include "report/chrome_trace.h"
@@ -133,9 +134,11 @@ struct TrainArgs {
   TrainOptions opts;
   std::string device = "cpu";
   std::string dtype = "f32";
+  bool allow_tf32 = false;
 };
 
 int cmd_train(TrainArgs& a) {
+  set_allow_tf32(a.allow_tf32);
   a.opts.module.device = parse_device(a.device);
   a.opts.module.dtype = parse_dtype(a.dtype);
   const bool meta = a.opts.module.device == Device::Meta;
@@ -181,6 +184,7 @@ struct ParallelArgs {
   std::string dtype = "f32";
   std::string ddp_buckets = "default";
   bool no_reshard = false;
+  bool allow_tf32 = false;
   std::string context_parallel;  // --context-parallel FAMILY
   CLI::Option* world_opt = nullptr;
   Processes procs;  // this process among the launch's (after resolve)
@@ -207,9 +211,9 @@ struct ParallelArgs {
     c->add_option("--seed", cfg.seed, "Seed of weights and batch")
         ->capture_default_str()
         ->check(whole_number(0, kMaxSeed));
-    c->add_option("--dtype", dtype, "f32 or f64")
+    c->add_option("--dtype", dtype, "f32, f64, or bf16 (f32 accumulation)")
         ->capture_default_str()
-        ->check(one_of({"f32", "f64"}));
+        ->check(one_of({"f32", "f64", "bf16"}));
     c->add_option("--timeout", cfg.timeout_s,
                   "Seconds a rank waits for the others of its group before the run fails")
         ->capture_default_str()
@@ -232,6 +236,9 @@ struct ParallelArgs {
                   "on every layers.<i> block and the root)")
         ->capture_default_str()
         ->check(one_of({"ddp", "fsdp"}));
+    c->add_flag("--allow-tf32", allow_tf32,
+                "f32 GEMMs on cuda may use TF32 tensor cores (PyTorch's "
+                "torch.backends.cuda.matmul.allow_tf32); no effect on cpu");
     c->add_flag("--no-reshard-after-forward", no_reshard,
                 "fsdp: keep the gathered parameters from forward to backward (no second "
                 "all_gather)");
@@ -255,6 +262,7 @@ struct ParallelArgs {
                         : ddp_buckets == "none"  ? -1.0
                                                  : std::strtod(ddp_buckets.c_str(), nullptr);
     cfg.reshard_after_forward = !no_reshard;
+    set_allow_tf32(allow_tf32);
     cfg.module.dtype = parse_dtype(dtype);
     cfg.module.device = parse_device(device);
     const int launched = mpi_launched_processes();
@@ -269,12 +277,16 @@ struct ParallelArgs {
 
 struct VerifyArgs {
   ParallelArgs p;
-  double tolerance = 1e-5;
+  double tolerance = 0;  // from --tolerance, else the dtype's default
+  CLI::Option* tolerance_opt = nullptr;
 };
 
 int cmd_verify(VerifyArgs& a) {
   a.p.resolve();
   const ParallelConfig& cfg = a.p.cfg;
+  if (a.tolerance_opt->count() == 0) {
+    a.tolerance = default_tolerance(cfg.module.dtype, allow_tf32());
+  }
   const std::vector<int> shape = mesh_shape(cfg);
   if (a.p.procs.rank == 0) {
     fmt::print(
@@ -935,9 +947,11 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--device", train_args.device, "cpu, cuda, or meta (shapes only)")
       ->capture_default_str()
       ->check(one_of({"cpu", "cuda", "meta"}));
-  train_cmd->add_option("--dtype", train_args.dtype, "f32 or f64")
+  train_cmd->add_option("--dtype", train_args.dtype, "f32, f64, or bf16 (f32 accumulation)")
       ->capture_default_str()
-      ->check(one_of({"f32", "f64"}));
+      ->check(one_of({"f32", "f64", "bf16"}));
+  train_cmd->add_flag("--allow-tf32", train_args.allow_tf32,
+                      "f32 GEMMs on cuda may use TF32 tensor cores; no effect on cpu");
   train_cmd->add_option("--seed", train_args.opts.seed, "Seed of weights and batch")
       ->capture_default_str()
       ->check(whole_number(0, kMaxSeed));
@@ -991,9 +1005,15 @@ int main(int argc, char** argv) {
                    "cpu or cuda (the ranks and the one-device reference both run there)")
       ->capture_default_str()
       ->check(one_of({"cpu", "cuda"}));
-  verify_cmd->add_option("--tolerance", verify_args.tolerance, "Max relative error")
-      ->capture_default_str()
-      ->check(positive_finite());
+  verify_args.tolerance_opt =
+      verify_cmd
+          ->add_option("--tolerance", verify_args.tolerance,
+                       fmt::format("Max relative error (default: {:.0e} for f32 and f64, {:.0e} "
+                                   "for bf16, {:.0e} for f32 with --allow-tf32)",
+                                   default_tolerance(DType::F32, false),
+                                   default_tolerance(DType::BF16, false),
+                                   default_tolerance(DType::F32, true)))
+          ->check(positive_finite());
 
   ShowArgs show_args;
   auto* show_cmd = app.add_subcommand("show", "Render a saved trace (ours or a PyTorch dump)");

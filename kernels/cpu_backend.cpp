@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/dtype_dispatch.h"
 #include "kernels/reference.h"
 
 namespace commtrace {
@@ -63,81 +64,30 @@ void blas_matmul(bool trans_a, bool trans_b, i64 m, i64 n, i64 k, T alpha, const
                                                   kernel, dtype_name(dt), expected));
 }
 
-// f32 / f64: the buffers themselves, as T.
-template <typename T>
-struct Direct {
-  using type = T;
-  const T* in(const void* p, i64) { return static_cast<const T*>(p); }
-  T* out(void* p, i64) { return static_cast<T*>(p); }
-  void narrow() {}
-};
+// The host side of the shared dtype dispatch (kernels/dtype_dispatch.h).
+struct Host {
+  static void convert(const void* src, DType from, void* dst, DType to, i64 n) {
+    ref::convert(src, from, dst, to, n);
+  }
+  class Buffer {
+   public:
+    explicit Buffer(i64 n) : v_(std::size_t(n)) {}
+    float* data() { return v_.data(); }
 
-// bf16: inputs widened into f32 scratch before the kernel, outputs computed in f32 scratch and
-// rounded into the bf16 buffers by narrow() after it. Null stays null.
-class Widened {
- public:
-  using type = float;
-  const float* in(const void* p, i64 n) {
-    if (!p) return nullptr;
-    float* w = scratch(n);
-    ref::convert(p, DType::BF16, w, DType::F32, n);
-    return w;
-  }
-  float* out(void* p, i64 n) {
-    if (!p) return nullptr;
-    float* w = scratch(n);
-    outs_.push_back({w, p, n});
-    return w;
-  }
-  void narrow() {
-    for (const Out& o : outs_) ref::convert(o.wide, DType::F32, o.bf16, DType::BF16, o.n);
-  }
-
- private:
-  struct Out {
-    const float* wide;
-    void* bf16;
-    i64 n;
+   private:
+    std::vector<float> v_;
   };
-  float* scratch(i64 n) {
-    bufs_.emplace_back(std::size_t(n));
-    return bufs_.back().data();
+  static void launched(const char*) {}
+  [[noreturn]] static void unsupported(const char* kernel, DType dt, const char* expected) {
+    commtrace::unsupported(kernel, dt, expected);
   }
-  std::vector<std::vector<float>> bufs_;
-  std::vector<Out> outs_;
 };
 
-// Runs f(io) with io the Direct or Widened view of dt's buffers; acc buffers are always
-// io's type (f32 for bf16), so f casts them itself.
 template <typename F>
 void floating(const char* kernel, DType dt, F&& f) {
-  switch (dt) {
-    case DType::F32: {
-      Direct<float> io;
-      return f(io);
-    }
-    case DType::F64: {
-      Direct<double> io;
-      return f(io);
-    }
-    case DType::BF16: {
-      Widened io;
-      f(io);
-      return io.narrow();
-    }
-    case DType::I64:
-      break;
-  }
-  unsupported(kernel, dt, "f32, f64 or bf16");
+  dispatch::floating<Host>(kernel, dt, std::forward<F>(f));
 }
-
-// Optimizers update their parameters in place: f32 and f64 only.
-template <typename F>
-void param(const char* kernel, DType dt, F&& f) {
-  if (dt == DType::F32) return f(float{});
-  if (dt == DType::F64) return f(double{});
-  unsupported(kernel, dt, "f32 or f64 parameters");
-}
+using dispatch::acc;
 
 // Data movement: f(U{}) with U the unsigned integer of dt's element size.
 template <typename F>
@@ -153,15 +103,6 @@ void by_size(DType dt, F&& f) {
   throw Error(ErrorCode::Internal, fmt::format("cpu: unexpected dtype {}", dtype_name(dt)));
 }
 
-template <typename T>
-T* acc(void* p) {
-  return static_cast<T*>(p);
-}
-template <typename T>
-const T* acc(const void* p) {
-  return static_cast<const T*>(p);
-}
-
 // Elements of a strided batch of `rows` x `cols` matrices with leading dim ld.
 i64 extent(i64 batch, i64 stride, i64 rows, i64 cols, i64 ld) {
   if (batch == 0 || rows == 0 || cols == 0) return 0;
@@ -172,7 +113,7 @@ i64 extent(i64 batch, i64 stride, i64 rows, i64 cols, i64 ld) {
 // (batch, m, n) blocks only (C's padding stays untouched).
 void gemm_bf16(const GemmArgs& g) {
   if (g.batch == 0 || g.m == 0 || g.n == 0) return;
-  Widened io;
+  dispatch::Widened<Host> io;
   GemmArgs w = g;
   w.dt = DType::F32;
   w.a =
@@ -523,18 +464,16 @@ class CpuKernels final : public Kernels {
   // ---- optimizers ----
   void sgd_step(DType dt, void* p, const void* g, void* momentum_buf, i64 n,
                 const SgdArgs& a) const override {
-    param("sgd_step", dt, [&](auto tag) {
-      using T = decltype(tag);
-      ref::sgd_step(static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(momentum_buf), n,
-                    a);
+    floating("sgd_step", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      ref::sgd_step(io.inout(p, n), io.in(g, n), acc<T>(momentum_buf), n, a);
     });
   }
   void adamw_step(DType dt, void* p, const void* g, void* m, void* v, i64 n,
                   const AdamWArgs& a) const override {
-    param("adamw_step", dt, [&](auto tag) {
-      using T = decltype(tag);
-      ref::adamw_step(static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(m),
-                      static_cast<T*>(v), n, a);
+    floating("adamw_step", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      ref::adamw_step(io.inout(p, n), io.in(g, n), acc<T>(m), acc<T>(v), n, a);
     });
   }
 

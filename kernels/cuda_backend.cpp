@@ -21,6 +21,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/dtype_dispatch.h"
 #include "kernels/math.h"
 
 namespace commtrace {
@@ -229,104 +230,38 @@ i64 index_at(const i64* idx, i64 pos) {
   return v;
 }
 
-// ---- dtype dispatch, as the CPU backend's ----
+// ---- dtype dispatch ----
 [[noreturn]] void unsupported(const char* kernel, DType dt, const char* expected) {
   throw Error(ErrorCode::Unsupported,
               fmt::format("{}: the cuda backend does not support dtype {} (expected {})", kernel,
                           dtype_name(dt), expected));
 }
 
-template <typename T>
-struct Direct {
-  using type = T;
-  const T* in(const void* p, i64) { return static_cast<const T*>(p); }
-  T* out(void* p, i64) { return static_cast<T*>(p); }
-  void narrow() {}
-};
+// The device side of the shared dtype dispatch (kernels/dtype_dispatch.h): conversions and
+// scratch on the thread's stream.
+struct Gpu {
+  static void convert(const void* src, DType from, void* dst, DType to, i64 n) {
+    cu::convert(stream(), src, int(from), dst, int(to), n);
+  }
+  class Buffer {
+   public:
+    explicit Buffer(i64 n) : s_(std::size_t(std::max<i64>(n, 1)) * sizeof(float)) {}
+    float* data() { return s_.as<float>(); }
 
-// bf16: inputs converted into f32 scratch before the kernel, outputs computed in f32 scratch and
-// rounded into the bf16 buffers by narrow() after it. Null stays null.
-class Widened {
- public:
-  using type = float;
-  const float* in(const void* p, i64 n) {
-    if (!p) return nullptr;
-    float* w = scratch(n);
-    cu::convert(stream(), p, int(DType::BF16), w, int(DType::F32), n);
-    launched("convert");
-    return w;
-  }
-  float* out(void* p, i64 n) {
-    if (!p) return nullptr;
-    float* w = scratch(n);
-    outs_.push_back({w, p, n});
-    return w;
-  }
-  void narrow() {
-    for (const Out& o : outs_)
-      cu::convert(stream(), o.wide, int(DType::F32), o.bf16, int(DType::BF16), o.n);
-    launched("convert");
-  }
-
- private:
-  struct Out {
-    const float* wide;
-    void* bf16;
-    i64 n;
+   private:
+    Scratch s_;
   };
-  float* scratch(i64 n) {
-    bufs_.push_back(std::make_unique<Scratch>(std::size_t(std::max<i64>(n, 1)) * sizeof(float)));
-    return bufs_.back()->as<float>();
+  static void launched(const char* kernel) { commtrace::launched(kernel); }
+  [[noreturn]] static void unsupported(const char* kernel, DType dt, const char* expected) {
+    commtrace::unsupported(kernel, dt, expected);
   }
-  std::vector<std::unique_ptr<Scratch>> bufs_;
-  std::vector<Out> outs_;
 };
 
 template <typename F>
 void floating(const char* kernel, DType dt, F&& f) {
-  switch (dt) {
-    case DType::F32: {
-      Direct<float> io;
-      f(io);
-      return launched(kernel);
-    }
-    case DType::F64: {
-      Direct<double> io;
-      f(io);
-      return launched(kernel);
-    }
-    case DType::BF16: {
-      Widened io;
-      f(io);
-      launched(kernel);
-      return io.narrow();
-    }
-    case DType::I64:
-      break;
-  }
-  unsupported(kernel, dt, "f32, f64 or bf16");
+  dispatch::floating<Gpu>(kernel, dt, std::forward<F>(f));
 }
-
-template <typename F>
-void param(const char* kernel, DType dt, F&& f) {
-  if (dt == DType::F32) {
-    f(float{});
-  } else if (dt == DType::F64) {
-    f(double{});
-  } else {
-    unsupported(kernel, dt, "f32 or f64 parameters");
-  }
-  launched(kernel);
-}
-
-template <typename T>
-T* acc(void* p) {
-  return static_cast<T*>(p);
-}
-template <typename T>
-const T* acc(const void* p) {
-  return static_cast<const T*>(p);
-}
+using dispatch::acc;
 
 // ---- shapes to kernel dims ----
 cu::Dims dims_of(const Shape& shape, const char* kernel) {
@@ -852,20 +787,19 @@ class CudaKernels final : public Kernels {
 
   // ---- optimizers ----
   void sgd_step(DType dt, void* p, const void* g, void* m, i64 n, const SgdArgs& a) const override {
-    param("sgd_step", dt, [&](auto tag) {
-      using T = decltype(tag);
-      cu::sgd_step(stream(), static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(m), n,
-                   T(a.lr), T(a.momentum), T(a.weight_decay), a.first_step);
+    floating("sgd_step", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
+      cu::sgd_step(stream(), io.inout(p, n), io.in(g, n), acc<T>(m), n, T(a.lr), T(a.momentum),
+                   T(a.weight_decay), a.first_step);
     });
   }
   void adamw_step(DType dt, void* p, const void* g, void* m, void* v, i64 n,
                   const AdamWArgs& a) const override {
-    param("adamw_step", dt, [&](auto tag) {
-      using T = decltype(tag);
+    floating("adamw_step", dt, [&](auto& io) {
+      using T = typename std::decay_t<decltype(io)>::type;
       const T b1 = T(a.beta1), b2 = T(a.beta2);
-      cu::adamw_step(stream(), static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(m),
-                     static_cast<T*>(v), n, T(a.lr), b1, b2, T(a.eps), T(a.weight_decay),
-                     math::adam_bias_correction(b1, a.step),
+      cu::adamw_step(stream(), io.inout(p, n), io.in(g, n), acc<T>(m), acc<T>(v), n, T(a.lr), b1,
+                     b2, T(a.eps), T(a.weight_decay), math::adam_bias_correction(b1, a.step),
                      math::adam_bias_correction(b2, a.step));
     });
   }

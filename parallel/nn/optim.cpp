@@ -64,9 +64,9 @@ Tensor grad_like_param(const Tensor& p, const Tensor& g) {
 
 Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
   for (const Tensor& p : params_) {
-    COMMTRACE_CHECK(p.dtype() == DType::F32 || p.dtype() == DType::F64, ErrorCode::Unsupported,
-                    "optimizer: parameter {} is {}; only f32 and f64 parameters are supported",
-                    describe(p), dtype_name(p.dtype()));
+    COMMTRACE_CHECK(is_floating(p.dtype()), ErrorCode::Unsupported,
+                    "optimizer: parameter {} is {}; parameters are f32, f64 or bf16", describe(p),
+                    dtype_name(p.dtype()));
   }
 }
 

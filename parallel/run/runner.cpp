@@ -487,7 +487,8 @@ std::vector<ModuleMemory> module_memory(const RankState& s, const Trace& t,
       mm.params += bytes;
       if (p.requires_grad()) {
         mm.grads += dp > 1 || p.grad().defined() ? bytes : 0;
-        mm.optimizer += 2 * bytes;  // AdamW: exp_avg and exp_avg_sq
+        // AdamW: exp_avg and exp_avg_sq, in the accumulation dtype (f32 for bf16 parameters).
+        mm.optimizer += 2 * bytes / dtype_size(p.dtype()) * dtype_size(acc_dtype(p.dtype()));
       }
     }
   }
@@ -649,6 +650,11 @@ Values reference_run(const ParallelConfig& cfg, const Plan& plan, int dp, int tp
 }
 
 }  // namespace
+
+double default_tolerance(DType dt, bool tf32) {
+  if (dt == DType::BF16) return 5e-2;
+  return dt == DType::F32 && tf32 ? 1e-2 : 1e-5;
+}
 
 VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
   COMMTRACE_CHECK(cfg.module.device != Device::Meta, ErrorCode::InvalidArgument,

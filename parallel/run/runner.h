@@ -170,6 +170,12 @@ struct VerifyReport {
   std::string note;  // e.g. why --input-requires-grad had no effect
 };
 
+// verify's tolerance when none is given: 1e-5 for f32 and f64; 5e-2 for bf16, whose 8-bit mantissa
+// (relative step 2^-8) makes the parallel and single-device runs differ by up to ~1.3e-2 on the zoo
+// at world 2 and 4 from the order of their sums alone; 1e-2 for f32 GEMMs in TF32 (10-bit
+// mantissa inputs, four times bf16's precision).
+double default_tolerance(DType dt, bool tf32);
+
 // Runs cfg on its backend (threads, or mpi: one process per rank) and on one device (same seed
 // and batch); compares the output and every parameter's gradient (and the input's, when asked)
 // after one forward + backward. With mpi, the process of rank 0 reports; the others return a

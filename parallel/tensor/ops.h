@@ -37,6 +37,10 @@ Tensor sum_to(const Tensor& x, const Shape& shape);  // the reverse of expand
 // bias broadcasts over rows. Not differentiable: the wrappers below attach the backward.
 Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& bias = Tensor(), bool trans_a = false,
             bool trans_b = false);
+// PyTorch's torch.backends.cuda.matmul.allow_tf32: f32 GEMMs on CUDA may round their inputs to
+// TF32 (10-bit mantissa) on the tensor cores. Process-wide, off by default; the CPU ignores it.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
 Tensor mm(const Tensor& a, const Tensor& b);                         // (m,k) @ (k,n)
 Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b);  // bias + a @ b
 Tensor bmm(const Tensor& a, const Tensor& b);                        // (B,m,k) @ (B,k,n)

@@ -1,6 +1,8 @@
 // GEMM: the one entry every matrix product passes (DESIGN §1), recorded as mm, addmm or bmm with
 // PyTorch's operand shapes, and the products built on it (mm, bmm, addmm, linear) with their
 // backward formulas. Inputs are always (bias or undefined, a, b).
+#include <atomic>
+
 #include "parallel/tensor/ops_internal.h"
 
 namespace commtrace {
@@ -8,6 +10,8 @@ namespace commtrace {
 using namespace ops;
 
 namespace {
+
+std::atomic<bool> g_allow_tf32{false};
 
 // Logical op(x) shape: the last two dims swapped when transposed.
 Shape op_shape(const Shape& s, bool trans) {
@@ -91,6 +95,7 @@ void gemm_run(std::span<const Tensor> in, const OpAttrs& attrs, std::span<Tensor
     g.bias = in[0].data_ptr();
     g.bias_rows = in[0].numel() == m * n ? m : 1;
   }
+  g.allow_tf32 = g_allow_tf32.load(std::memory_order_relaxed);
   kernels_of(out[0]).gemm(g);
 }
 
@@ -106,6 +111,9 @@ std::vector<Tensor> matmul_backward(const Tensor& g, const Tensor& a, const Tens
 }
 
 }  // namespace
+
+void set_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
+bool allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
 
 Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& bias, bool trans_a, bool trans_b) {
   const int rank = a.dim();

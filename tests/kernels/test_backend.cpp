@@ -660,15 +660,18 @@ TEST_CASE("cpu convert and fill cover every dtype", "[backend][layout]") {
   }
 }
 
+// bf16 parameters and gradients with moments in f32 (acc_dtype): the step runs in f32 on the
+// widened values and the parameter is rounded once.
 TEST_CASE("cpu optimizer steps match the reference", "[backend][optim]") {
-  for (DType dt : {DType::F32, DType::F64}) {
+  for (DType dt : kFloating) {
+    const DType at = acc_dtype(dt);
     for (i64 n : {i64(0), i64(1), i64(37)}) {
       for (double momentum : {0.0, 0.9}) {
         for (bool first : {true, false}) {
           INFO(name(dt) << " sgd n " << n << " momentum " << momentum << " first " << first);
           const SgdArgs a{0.1, momentum, 0.01, first};
           const In g(dt, random(n, 111));
-          In p(dt, random(n, 112)), m(dt, random(n, 113));
+          In p(dt, random(n, 112)), m(at, random(n, 113));
           std::vector<double> wp = p.v, wm = m.v;
           cpu().sgd_step(dt, p.buf.p(), g.p(), m.buf.p(), n, a);
           ref::sgd_step<double>(wp.data(), g.d(), wm.data(), n, a);
@@ -681,7 +684,7 @@ TEST_CASE("cpu optimizer steps match the reference", "[backend][optim]") {
           INFO(name(dt) << " adamw n " << n << " step " << step << " wd " << wd);
           const AdamWArgs a{1e-2, 0.9, 0.999, 1e-8, wd, step};
           const In g(dt, random(n, 121));
-          In p(dt, random(n, 122)), m(dt, random(n, 123, -0.1, 0.1)), v(dt, random(n, 124, 0, 0.1));
+          In p(dt, random(n, 122)), m(at, random(n, 123, -0.1, 0.1)), v(at, random(n, 124, 0, 0.1));
           std::vector<double> wp = p.v, wm = m.v, wv = v.v;
           cpu().adamw_step(dt, p.buf.p(), g.p(), m.buf.p(), v.buf.p(), n, a);
           ref::adamw_step<double>(wp.data(), g.d(), wm.data(), wv.data(), n, a);
@@ -872,12 +875,12 @@ TEST_CASE("kernel errors name the kernel", "[backend][errors]") {
     REQUIRE(e.code() == ErrorCode::Unsupported);
     REQUIRE(contains(e.what(), "gemm"));
     e = error_of(
-        [&] { cpu().sgd_step(DType::BF16, big.data(), big.data(), big.data(), 8, SgdArgs{}); });
+        [&] { cpu().sgd_step(DType::I64, big.data(), big.data(), big.data(), 8, SgdArgs{}); });
     REQUIRE(e.code() == ErrorCode::Unsupported);
     REQUIRE(contains(e.what(), "sgd_step"));
-    REQUIRE(contains(e.what(), "bf16"));
+    REQUIRE(contains(e.what(), "i64"));
     e = error_of([&] {
-      cpu().adamw_step(DType::BF16, big.data(), big.data(), big.data(), big.data(), 8, AdamWArgs{});
+      cpu().adamw_step(DType::I64, big.data(), big.data(), big.data(), big.data(), 8, AdamWArgs{});
     });
     REQUIRE(e.code() == ErrorCode::Unsupported);
     REQUIRE(contains(e.what(), "adamw_step"));

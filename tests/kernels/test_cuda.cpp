@@ -174,6 +174,22 @@ TEST_CASE("cuda embedding, attention and reduce match the cpu backend", "[cuda]"
   }
 }
 
+// In place: both backends start from the same parameter and moments (f32 moments for bf16).
+TEST_CASE("cuda optimizer steps match the cpu backend", "[cuda]") {
+  for (DType dt : kFloating) {
+    const DType adt = acc_dtype(dt);
+    const i64 n = 1000;
+    Arg p(dt, n, random(n, 20)), g(dt, n, random(n, 21)), m(adt, n, random(n, 22, -0.1, 0.1)),
+        v(adt, n, random(n, 23, 0, 0.1));
+    both("sgd_step", {&p, &m}, [&](const Kernels& k, auto P) {
+      k.sgd_step(dt, P(p), P(g), P(m), n, SgdArgs{0.1, 0.9, 0.01, false});
+    });
+    both("adamw_step", {&p, &m, &v}, [&](const Kernels& k, auto P) {
+      k.adamw_step(dt, P(p), P(g), P(m), P(v), n, AdamWArgs{1e-2, 0.9, 0.999, 1e-8, 0.1, 3});
+    });
+  }
+}
+
 TEST_CASE("cuda embedding names an index out of range", "[cuda]") {
   Arg idx(DType::I64, 3, {1, 99, 2}), w(DType::F32, 40, random(40, 1)), out(DType::F32, 12, {});
   REQUIRE_THROWS_WITH(gpu().embedding_forward(DType::F32, static_cast<const i64*>(idx.dev), 3,
