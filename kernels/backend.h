@@ -70,6 +70,9 @@ class Kernels {
   // Returns when the work this thread queued has finished (a no-op where kernels run inline):
   // before another thread reads or writes the buffers.
   virtual void synchronize() const = 0;
+  // The calling thread's timer of its stream; null where kernels run inline (cpu, meta), whose
+  // work the host clock times.
+  virtual DeviceTimer* timer() const { return nullptr; }
 
   // ---- memory (device buffers; ordinal selects the device of that type) ----
   // REQUIRES: bytes > 0 for a non-null result. Throws Backend when out of memory.

@@ -38,6 +38,20 @@ inline constexpr std::int64_t kMaxNumel = std::int64_t(1) << 59;
 std::int64_t numel(const Shape& s);
 std::string shape_str(std::span<const std::int64_t> s);  // "[8, 10]"
 
+// Times work queued on a device's stream (CUDA events): start() and stop() queue a marker
+// before and after the work and return or take its token; elapsed_s() waits until the stop
+// marker has passed, returns the seconds between the markers and frees the token. A timer belongs
+// to the thread (the stream) that made it. The tracer holds tokens between an event and the end
+// of its iteration, so a record of device work carries the device's time, not the host's
+// enqueue time.
+class DeviceTimer {
+ public:
+  virtual ~DeviceTimer() = default;
+  virtual std::uint32_t start() = 0;
+  virtual void stop(std::uint32_t token) = 0;
+  virtual double elapsed_s(std::uint32_t token) = 0;
+};
+
 enum class ErrorCode : int {
   InvalidArgument = 1,
   ShapeMismatch = 2,

@@ -154,12 +154,66 @@ class CachingAllocator {
   std::set<cudaStream_t> streams_;
 };
 
-// ---- per-thread context: the thread's stream, cuBLAS handle and bad-index word ----
+// ---- CUDA-event timing of work on one stream ----
+// A pool of event pairs: a token is a pair's index, taken by start() and returned by elapsed_s(),
+// so the steady state creates no events.
+class EventTimer final : public DeviceTimer {
+ public:
+  explicit EventTimer(cudaStream_t s) : stream_(s) {}
+  ~EventTimer() override {  // at thread exit: errors ignored
+    for (const Pair& p : pairs_) {
+      (void)cudaEventDestroy(p.start);
+      (void)cudaEventDestroy(p.stop);
+    }
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+
+  std::uint32_t start() override {
+    if (free_.empty()) {
+      Pair p;
+      check(cudaEventCreate(&p.start), "cudaEventCreate");
+      check(cudaEventCreate(&p.stop), "cudaEventCreate");
+      free_.push_back(std::uint32_t(pairs_.size()));
+      pairs_.push_back(p);
+    }
+    const std::uint32_t t = free_.back();
+    free_.pop_back();
+    check(cudaEventRecord(pairs_[t].start, stream_), "cudaEventRecord");
+    return t;
+  }
+  void stop(std::uint32_t t) override {
+    check(cudaEventRecord(pair(t).stop, stream_), "cudaEventRecord");
+  }
+  double elapsed_s(std::uint32_t t) override {
+    const Pair& p = pair(t);
+    free_.push_back(t);
+    check(cudaEventSynchronize(p.stop), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, p.start, p.stop), "cudaEventElapsedTime");
+    return double(ms) * 1e-3;
+  }
+
+ private:
+  struct Pair {
+    cudaEvent_t start = nullptr, stop = nullptr;
+  };
+  const Pair& pair(std::uint32_t t) const {
+    COMMTRACE_CHECK(t < pairs_.size(), ErrorCode::Internal, "device timer: unknown token {}", t);
+    return pairs_[t];
+  }
+  cudaStream_t stream_;
+  std::vector<Pair> pairs_;
+  std::vector<std::uint32_t> free_;
+};
+
+// ---- per-thread context: the thread's stream, cuBLAS handle, bad-index word and timer ----
 struct ThreadContext {
   int device = 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   unsigned long long* bad = nullptr;  // device word for index checks
+  std::unique_ptr<EventTimer> timer;
 
   ThreadContext() {
     check(cudaGetDevice(&device), "cudaGetDevice");
@@ -168,9 +222,11 @@ struct ThreadContext {
     check(cublasCreate(&blas), "cublasCreate");
     check(cublasSetStream(blas, stream), "cublasSetStream");
     check(cudaMalloc(&bad, sizeof *bad), "cudaMalloc");
+    timer = std::make_unique<EventTimer>(stream);
   }
   ~ThreadContext() {  // errors ignored: this runs at thread exit, maybe after the runtime's
     (void)cudaStreamSynchronize(stream);
+    timer.reset();
     CachingAllocator::get().stream_gone(stream);
     if (blas) (void)cublasDestroy(blas);
     if (bad) (void)cudaFree(bad);
@@ -411,6 +467,7 @@ class CudaKernels final : public Kernels {
  public:
   Device device() const override { return Device::CUDA; }
   void synchronize() const override { sync("synchronize"); }
+  DeviceTimer* timer() const override { return ctx().timer.get(); }
 
   // ---- memory ----
   void* allocate(std::size_t bytes, int ordinal) const override {

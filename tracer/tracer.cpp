@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "tracer/nvtx.h"
+
 // The per-event helpers of the matching path: inlined into their callers.
 #if defined(__GNUC__)
 #define COMMTRACE_HOT [[gnu::always_inline]] inline
@@ -38,6 +40,7 @@ int Tracer::enter_module(std::string_view fqn, std::string_view type) {
   for (int c : trace_.modules[std::size_t(parent)].children) {
     if (trace_.modules[std::size_t(c)].fqn == fqn) {
       stack_.push_back(c);
+      nvtx::push(trace_.modules[std::size_t(c)].fqn.c_str());
       return c;
     }
   }
@@ -54,18 +57,21 @@ int Tracer::enter_module(std::string_view fqn, std::string_view type) {
   trace_.modules.push_back(std::move(node));
   trace_.modules[std::size_t(parent)].children.push_back(id);
   stack_.push_back(id);
+  nvtx::push(trace_.modules[std::size_t(id)].fqn.c_str());
   return id;
 }
 
 void Tracer::exit_module() {
   COMMTRACE_CHECK(stack_.size() > 1, ErrorCode::Internal, "tracer: exit_module without enter");
   stack_.pop_back();
+  nvtx::pop();
 }
 
 void Tracer::push_module(int module) {
   COMMTRACE_CHECK(module >= 0 && std::size_t(module) < trace_.modules.size(), ErrorCode::Internal,
                   "tracer: module {} out of range [0, {})", module, trace_.modules.size());
   stack_.push_back(module);
+  nvtx::push(trace_.modules[std::size_t(module)].fqn.c_str());
 }
 
 bool Tracer::has_params(int module) const {
@@ -288,6 +294,30 @@ void Tracer::add_outputs(std::uint32_t index, std::span<const ArgView> outputs) 
   for (const ArgView& a : outputs) trace_.args.push_back(intern_arg(a));
 }
 
+void Tracer::time_on_device(std::uint32_t index, DeviceTimer& timer, std::uint32_t token) {
+  device_spans_.push_back(DeviceSpan{index, &timer, token});
+}
+
+// Each device-timed event's duration becomes its timer's measurement, in ticks like the host
+// durations it replaces (converted back to seconds by take()).
+void Tracer::resolve_device_times() {
+  if (device_spans_.empty()) return;
+  const double per_tick = clock_.seconds_per_tick();
+  for (const DeviceSpan& d : device_spans_) {
+    const double s = d.timer->elapsed_s(d.token);
+    const double ticks = per_tick > 0 ? s / per_tick : 0.0;
+    if (speculating(d.index)) {
+      const std::size_t pos = d.index - trace_.records.size();
+      COMMTRACE_CHECK(speculating_ && pos < pending_.size(), ErrorCode::Internal,
+                      "tracer: device time for unknown record {}", d.index);
+      pending_[pos].duration = std::uint64_t(ticks);
+    } else {
+      trace_.records.at(d.index).duration_s = ticks;
+    }
+  }
+  device_spans_.clear();
+}
+
 void Tracer::finish(std::uint32_t index) {
   if (speculating(index)) {
     const std::size_t pos = index - trace_.records.size();
@@ -303,6 +333,7 @@ void Tracer::finish(std::uint32_t index) {
 // Ends the open block: folded into the one before when every event matched it and every
 // collective's sequence number advanced by its stride (set by the first repeat).
 void Tracer::close_block() {
+  resolve_device_times();
   std::vector<Block>& blocks = trace_.blocks;
   if (speculating_) {
     const Block& prev = blocks[blocks.size() - 2];
@@ -377,6 +408,22 @@ Trace Tracer::take() {
   return out;
 }
 
+DeviceTiming::~DeviceTiming() {
+  if (!timer_) return;
+  try {
+    timer_->stop(token_);
+    (void)timer_->elapsed_s(token_);
+  } catch (const Error&) {  // the device failed already: the first error is the one reported
+  }
+}
+
+void DeviceTiming::end(Tracer& tracer, std::uint32_t index) {
+  if (!timer_) return;
+  timer_->stop(token_);
+  tracer.time_on_device(index, *timer_, token_);
+  timer_ = nullptr;
+}
+
 TracerActivation::TracerActivation(Tracer& t) : previous_(g_current) { g_current = &t; }
 TracerActivation::~TracerActivation() { g_current = previous_; }
 
@@ -404,9 +451,12 @@ PhaseScope::PhaseScope(Phase p) : tracer_(g_current) {
   if (!tracer_) return;
   previous_ = tracer_->phase();
   tracer_->set_phase(p);
+  nvtx::push(phase_name(p));
 }
 PhaseScope::~PhaseScope() {
-  if (tracer_) tracer_->set_phase(previous_);
+  if (!tracer_) return;
+  tracer_->set_phase(previous_);
+  nvtx::pop();
 }
 
 }  // namespace commtrace

@@ -111,6 +111,10 @@ class Tracer {
   std::uint32_t begin(const EventView& e, const CollectiveView* collective = nullptr);
   void add_outputs(std::uint32_t index, std::span<const ArgView> outputs);
   void finish(std::uint32_t index);
+  // Event `index` of the open iteration ran on a device: when the iteration closes (or at
+  // take()) its duration becomes `timer`'s measurement of `token`, replacing the host's (which
+  // on a device is the time to enqueue). The timer must outlive the iteration.
+  void time_on_device(std::uint32_t index, DeviceTimer& timer, std::uint32_t token);
 
   // Ends the current iteration and starts the next: an iteration identical to the one before
   // (same events in the same order; sequence numbers advancing by the same stride) is folded
@@ -132,6 +136,7 @@ class Tracer {
   ShapeId intern_shape(std::span<const std::int64_t> dims, const ShapeCache* cache);
   MeshId intern_mesh(const MeshInfo& m, std::uint64_t key);
   void close_block();
+  void resolve_device_times();
   // Speculative folding (see the file comment).
   bool matches(const EventView& e, const CollectiveView* c, const Record& r);
   bool arg_matches(const ArgView& a, const TensorArg& t);
@@ -148,6 +153,13 @@ class Tracer {
   bool speculating_ = false;
   std::vector<Pending> pending_;
 
+  struct DeviceSpan {
+    std::uint32_t index;
+    DeviceTimer* timer;
+    std::uint32_t token;
+  };
+  std::vector<DeviceSpan> device_spans_;  // of the open iteration
+
   // Interning of static strings by address: a direct-mapped cache in front of the map.
   struct StaticSlot {
     const char* ptr = nullptr;
@@ -163,6 +175,22 @@ class Tracer {
   std::uint32_t iteration_ = 0;
   std::unordered_map<const char*, StrId> static_ids_;
   std::vector<std::pair<std::uint64_t, MeshId>> mesh_keys_;
+};
+
+// Times one event on its device. Made before the work is queued (timer null: the host clock
+// times it, as on cpu); end() after the event was recorded hands the measurement to the tracer.
+// Destroyed without end() (the work threw), the token is returned to its timer.
+class DeviceTiming {
+ public:
+  explicit DeviceTiming(DeviceTimer* timer) : timer_(timer), token_(timer ? timer->start() : 0) {}
+  ~DeviceTiming();
+  DeviceTiming(const DeviceTiming&) = delete;
+  DeviceTiming& operator=(const DeviceTiming&) = delete;
+  void end(Tracer& tracer, std::uint32_t index);
+
+ private:
+  DeviceTimer* timer_;
+  std::uint32_t token_;
 };
 
 // Makes `t` the current tracer of this thread for the scope; restores the previous one.

@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <unordered_set>
 #include <utility>
+
+#include "kernels/backend.h"
 
 namespace commtrace {
 
@@ -233,11 +236,25 @@ std::uint32_t Communicator::prepare(CollectiveCall& c, Tracer* tracer) {
   return tracer->begin(e, &cv);
 }
 
+namespace {
+
+// The timer of the device a recorded call's buffers are on; null on cpu and meta (host time).
+DeviceTimer* timer_of(const CollectiveCall& c, bool recorded) {
+  const Tensor* t = c.in ? c.in : c.out;
+  return recorded && t ? kernels_for(t->device()).timer() : nullptr;
+}
+
+}  // namespace
+
 void Communicator::issue(CollectiveCall& c) {
   Tracer* tracer = Tracer::current();
   const std::uint32_t record = prepare(c, tracer);
+  DeviceTiming timing(timer_of(c, record != kNotRecorded));
   run(c);
-  if (record != kNotRecorded && Tracer::current() == tracer) tracer->finish(record);
+  if (record != kNotRecorded && Tracer::current() == tracer) {
+    tracer->finish(record);
+    timing.end(*tracer, record);
+  }
 }
 
 void Communicator::batch_p2p(std::span<const P2POp> ops) {
@@ -254,10 +271,17 @@ void Communicator::batch_p2p(std::span<const P2POp> ops) {
     check(c);  // the whole batch first: a bad op numbers none
   }
   for (std::size_t i = 0; i < ops.size(); ++i) records[i] = prepare(calls[i], tracer);
+  // On a device every op of the batch spans the batch's work (its ops run together).
+  std::vector<std::optional<DeviceTiming>> timings(ops.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    timings[i].emplace(timer_of(calls[i], records[i] != kNotRecorded));
+  }
   run_p2p(calls);
   if (Tracer::current() != tracer) return;
-  for (std::uint32_t r : records) {
-    if (r != kNotRecorded) tracer->finish(r);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (records[i] == kNotRecorded) continue;
+    tracer->finish(records[i]);
+    timings[i]->end(*tracer, records[i]);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "tracer/tracer.h"
 
 namespace commtrace {
@@ -87,6 +88,9 @@ OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& 
   COMMTRACE_CHECK(first != nullptr, ErrorCode::Internal, "{}: no defined input", op.name);
   Tracer* tracer = Tracer::current();
   const std::uint64_t start = tracer ? tracer->now() : 0;
+  // A traced GEMM on a device is timed there (CUDA events), not by its enqueue time.
+  DeviceTiming timing(tracer && op.kind == EventKind::Gemm ? kernels_for(first->device()).timer()
+                                                           : nullptr);
 
   OpOutputs out;
   switch (op.result) {
@@ -134,7 +138,7 @@ OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& 
     e.dtype = first->dtype();
     e.inputs = args.views();
     e.outputs = {results.data(), n_results};
-    tracer->record(e, start);
+    timing.end(*tracer, tracer->record(e, start));
   }
   return out;
 }

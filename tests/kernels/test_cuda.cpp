@@ -2,6 +2,7 @@
 // rounded random inputs, in f32, f64 and bf16 with the tolerance per dtype of test_backend.cpp.
 // Without a CUDA device (this machine and CI) the program prints why and exits 77, which ctest
 // reports as skipped; nothing is faked.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -188,6 +189,32 @@ TEST_CASE("cuda optimizer steps match the cpu backend", "[cuda]") {
       k.adamw_step(dt, P(p), P(g), P(m), P(v), n, AdamWArgs{1e-2, 0.9, 0.999, 1e-8, 0.1, 3});
     });
   }
+}
+
+// The stream's event timer measures the queued work itself: more than nothing, no more than the
+// host saw from before queueing until the work was done; tokens are reused.
+TEST_CASE("cuda timer measures work on the stream", "[cuda]") {
+  DeviceTimer* timer = gpu().timer();
+  REQUIRE(timer != nullptr);
+  REQUIRE(cpu().timer() == nullptr);
+  const i64 n = 1024;
+  Arg a(DType::F32, n * n, random(n * n, 30)), c(DType::F32, n * n, {});
+  GemmArgs g;
+  g.m = g.n = g.k = n, g.lda = g.ldb = g.ldc = n, g.a = a.dev, g.b = a.dev, g.c = c.dev;
+  gpu().synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::uint32_t token = timer->start();
+  for (int i = 0; i < 10; ++i) gpu().gemm(g);
+  timer->stop(token);
+  const double device_s = timer->elapsed_s(token);
+  const double host_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("device " << device_s << " s, host " << host_s << " s");
+  CHECK(device_s > 0);
+  CHECK(device_s <= host_s * 1.01);
+  CHECK(timer->start() == token);  // the freed pair is taken again
+  timer->stop(token);
+  (void)timer->elapsed_s(token);
 }
 
 TEST_CASE("cuda embedding names an index out of range", "[cuda]") {

@@ -345,6 +345,94 @@ TEST_CASE("the clock converts to seconds", "[tracer]") {
   REQUIRE(t.records[0].start_s >= 0.0);
 }
 
+namespace {
+// A device timer whose measurements are set by the test: token t measures seconds[t].
+class ScriptedTimer final : public DeviceTimer {
+ public:
+  explicit ScriptedTimer(std::vector<double> seconds) : seconds_(std::move(seconds)) {}
+  std::uint32_t start() override {
+    ++outstanding;
+    return next_++;
+  }
+  void stop(std::uint32_t) override { ++stopped; }
+  double elapsed_s(std::uint32_t t) override {
+    --outstanding;
+    return seconds_.at(t);
+  }
+  int outstanding = 0, stopped = 0;
+
+ private:
+  std::vector<double> seconds_;
+  std::uint32_t next_ = 0;
+};
+
+void timed_op(Tracer& tr, DeviceTimer& timer, const char* name) {
+  DeviceTiming timing(&timer);
+  EventView e;
+  e.kind = EventKind::Gemm;
+  e.name = name;
+  timing.end(tr, tr.record(e, tr.now()));
+}
+}  // namespace
+
+TEST_CASE("device-timed events take the device's durations", "[tracer]") {
+  SECTION("one iteration: the device time replaces the host's") {
+    Tracer tr;
+    ScriptedTimer timer({0.25, 0.5});
+    timed_op(tr, timer, "mm");
+    op(tr, "relu", tr.now());
+    timed_op(tr, timer, "mm");
+    REQUIRE(timer.outstanding == 2);  // held until the iteration closes
+    const Trace t = tr.take();
+    REQUIRE(timer.outstanding == 0);
+    REQUIRE(timer.stopped == 2);
+    REQUIRE(t.records[0].duration_s == Approx(0.25).epsilon(0.01));
+    REQUIRE(t.records[1].duration_s < 0.1);  // host-timed
+    REQUIRE(t.records[2].duration_s == Approx(0.5).epsilon(0.01));
+  }
+  SECTION("folded iterations average the device times, matched or not") {
+    Tracer tr;
+    ScriptedTimer timer({0.1, 0.2, 0.6});
+    for (int it = 0; it < 3; ++it) {
+      timed_op(tr, timer, "mm");
+      tr.next_iteration();
+    }
+    REQUIRE(timer.outstanding == 0);  // each iteration resolves its own
+    const Trace t = tr.take();
+    REQUIRE(t.records.size() == 1);
+    REQUIRE(t.blocks[0].repeat == 3);
+    REQUIRE(t.records[0].duration_s == Approx(0.3).epsilon(0.01));
+  }
+  SECTION("an iteration that diverges after a device-timed match keeps its time") {
+    Tracer tr;
+    ScriptedTimer timer({0.1, 0.4});
+    timed_op(tr, timer, "mm");
+    tr.next_iteration();
+    timed_op(tr, timer, "mm");  // matches the record of iteration 0: pending
+    op(tr, "extra");            // diverges: the pending event becomes a record
+    const Trace t = tr.take();
+    REQUIRE(t.records.size() == 3);
+    REQUIRE(t.records[1].duration_s == Approx(0.4).epsilon(0.01));
+  }
+  SECTION("work that throws before end() returns its token") {
+    ScriptedTimer timer({0.1});
+    try {
+      DeviceTiming timing(&timer);
+      throw Error(ErrorCode::Backend, "kernel failed");
+    } catch (const Error&) {
+    }
+    REQUIRE(timer.outstanding == 0);
+    REQUIRE(timer.stopped == 1);
+  }
+  SECTION("no timer: nothing is timed on a device") {
+    Tracer tr;
+    DeviceTiming timing(nullptr);
+    EventView e;
+    timing.end(tr, tr.record(e, tr.now()));
+    REQUIRE(tr.take().records.size() == 1);
+  }
+}
+
 TEST_CASE("serialized enum names round-trip", "[tracer]") {
   for (Phase p : {Phase::Forward, Phase::Backward, Phase::Optimizer, Phase::Recompute}) {
     REQUIRE(parse_phase(phase_name(p)) == p);
