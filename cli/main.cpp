@@ -266,12 +266,15 @@ struct ParallelArgs {
     cfg.module.dtype = parse_dtype(dtype);
     cfg.module.device = parse_device(device);
     const int launched = mpi_launched_processes();
-    COMMTRACE_CHECK(launched == 1 || cfg.backend == "mpi", ErrorCode::InvalidArgument,
-                    "mpirun started {} processes: pass --backend mpi (one rank per process); "
-                    "with the {} backend every process would run the whole job",
+    COMMTRACE_CHECK(launched == 1 || cfg.backend == "mpi" || cfg.backend == "nccl",
+                    ErrorCode::InvalidArgument,
+                    "mpirun started {} processes: pass --backend mpi or nccl (one rank per "
+                    "process); with the {} backend every process would run the whole job",
                     launched, cfg.backend);
     procs = processes_of(launcher_for(cfg.backend));
-    if (cfg.backend == "mpi" && world_opt->count() == 0) cfg.world_size = procs.size;
+    if (launcher_for(cfg.backend) == "mpi" && world_opt->count() == 0) {
+      cfg.world_size = procs.size;
+    }
   }
 };
 
@@ -639,6 +642,7 @@ struct BenchArgs {
   std::string rank = "all";
   int ar_world = 2;
   std::string ar_backend = "threads";
+  std::string ar_device = "cpu";
   double mib = 64;
   int rounds = 15;
 };
@@ -674,19 +678,26 @@ int cmd_bench_step(BenchArgs& a) {
 
 int cmd_bench_allreduce(BenchArgs& a) {
   const auto bytes = std::uint64_t(a.mib * 1024 * 1024);
-  const Processes procs = processes_of(launcher_for(a.ar_backend));
-  if (a.ar_backend == "mpi") a.ar_world = procs.size;
+  const std::string launcher = launcher_for(a.ar_backend);
+  const Processes procs = processes_of(launcher);
+  if (launcher == "mpi") a.ar_world = procs.size;
+  ParallelConfig cfg;  // the device checks of run and verify
+  cfg.backend = a.ar_backend;
+  cfg.module.device = parse_device(a.ar_device);
+  check_device(cfg);
   if (procs.rank == 0) {
     fmt::print(
-        "commtrace bench allreduce: {} of f32 on {} {} ranks, {} rounds, a memcpy of the same "
-        "bytes after each\n",
-        format_bytes(bytes), a.ar_world, a.ar_backend, a.rounds);
+        "commtrace bench allreduce: {} of f32 on {} {} ranks ({}), {} rounds, a copy of the "
+        "same bytes after each\n",
+        format_bytes(bytes), a.ar_world, a.ar_backend, a.ar_device, a.rounds);
     std::fflush(stdout);
   }
-  const AllReduceBenchResult r = bench_all_reduce(a.ar_world, bytes, a.rounds, a.ar_backend);
+  const AllReduceBenchResult r =
+      bench_all_reduce(a.ar_world, bytes, a.rounds, a.ar_backend, cfg.module.device);
   if (!r.reported) return 0;
-  fmt::print("  all_reduce        {:>10.2f} ms  (median)   busbw {:>7.2f} GB/s\n",
-             r.all_reduce_s * 1e3, r.busbw_gbs);
+  fmt::print(
+      "  all_reduce        {:>10.2f} ms  (median)   algbw {:>7.2f} GB/s   busbw {:>7.2f} GB/s\n",
+      r.all_reduce_s * 1e3, r.algbw_gbs, r.busbw_gbs);
   fmt::print("  memcpy            {:>10.2f} ms  (median)   {:>13.2f} GB/s\n", r.memcpy_s * 1e3,
              r.memcpy_gbs);
   fmt::print(
@@ -971,10 +982,10 @@ int main(int argc, char** argv) {
       ->check(one_of({"cpu", "cuda", "meta"}));
   run_cmd
       ->add_option("--backend", run_args.backend,
-                   "threads (real data), fake (records only) or mpi (one process per rank, "
-                   "under mpirun)")
+                   "threads (real data), fake (records only), mpi (one process per rank, under "
+                   "mpirun) or nccl (one GPU per rank; --device cuda)")
       ->capture_default_str()
-      ->check(one_of({"threads", "fake", "mpi"}));
+      ->check(one_of({"threads", "fake", "mpi", "nccl"}));
   run_cmd->add_option("--rank", run_args.rank, "Rank to show, or 'all' (checks consistency)")
       ->capture_default_str();
   run_cmd->add_option("--lr", run_args.lr, "AdamW learning rate")
@@ -993,13 +1004,15 @@ int main(int argc, char** argv) {
 
   VerifyArgs verify_args;
   auto* verify_cmd = app.add_subcommand(
-      "verify", "Run a model in parallel (threads or mpi backend) and on one device; compare");
+      "verify",
+      "Run a model in parallel (threads, mpi or nccl backend) and on one device; compare");
   verify_args.p.add_to(verify_cmd);
   verify_cmd
       ->add_option("--backend", verify_args.p.cfg.backend,
-                   "threads, or mpi (one process per rank, under mpirun)")
+                   "threads, mpi (one process per rank, under mpirun), or nccl (one GPU per "
+                   "rank; --device cuda)")
       ->capture_default_str()
-      ->check(one_of({"threads", "mpi"}));
+      ->check(one_of({"threads", "mpi", "nccl"}));
   verify_cmd
       ->add_option("--device", verify_args.p.device,
                    "cpu or cuda (the ranks and the one-device reference both run there)")
@@ -1123,9 +1136,9 @@ int main(int argc, char** argv) {
       ->add_option("--device", bench_args.p.device, "cpu, cuda, or meta (with --backend fake)")
       ->capture_default_str()
       ->check(one_of({"cpu", "cuda", "meta"}));
-  bench_step_cmd->add_option("--backend", bench_args.backend, "threads or fake")
+  bench_step_cmd->add_option("--backend", bench_args.backend, "threads, fake, or nccl (cuda)")
       ->capture_default_str()
-      ->check(one_of({"threads", "fake"}));
+      ->check(one_of({"threads", "fake", "nccl"}));
   bench_step_cmd->add_option("--rank", bench_args.rank, "Ranks traced: all, or 0")
       ->capture_default_str();
   bench_step_cmd->add_option("--steps", bench_args.step.steps, "Steps per sample")
@@ -1136,14 +1149,17 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100000));
   auto* bench_ar_cmd = bench_cmd->add_subcommand(
       "allreduce", "A backend's all_reduce bus bandwidth (threads or mpi) against memcpy");
-  bench_ar_cmd->add_option("--world-size", bench_args.ar_world, "Ranks")
+  bench_ar_cmd->add_option("--world-size", bench_args.ar_world, "Ranks (nccl: from 1)")
       ->capture_default_str()
-      ->check(CLI::Range(2, 64));
+      ->check(CLI::Range(1, 64));
   bench_ar_cmd
       ->add_option("--backend", bench_args.ar_backend,
-                   "threads, or mpi (under mpirun: one rank per process)")
+                   "threads, mpi (under mpirun: one rank per process), or nccl (--device cuda)")
       ->capture_default_str()
-      ->check(one_of({"threads", "mpi"}));
+      ->check(one_of({"threads", "mpi", "nccl"}));
+  bench_ar_cmd->add_option("--device", bench_args.ar_device, "cpu or cuda")
+      ->capture_default_str()
+      ->check(one_of({"cpu", "cuda"}));
   bench_ar_cmd->add_option("--mib", bench_args.mib, "Buffer size in MiB")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 4096.0));

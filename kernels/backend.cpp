@@ -14,6 +14,12 @@ std::string cuda_unavailable_reason();
 
 DType acc_dtype(DType dt) { return dt == DType::F64 ? DType::F64 : DType::F32; }
 
+void Kernels::set_current_ordinal(int ordinal) const {
+  COMMTRACE_CHECK(ordinal == 0, ErrorCode::InvalidArgument,
+                  "{}:{}: this device type has one device, {}:0", device_name(device()), ordinal,
+                  device_name(device()));
+}
+
 const Kernels& kernels_for(Device d) {
   switch (d) {
     case Device::CPU:

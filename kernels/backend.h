@@ -74,6 +74,17 @@ class Kernels {
   // work the host clock times.
   virtual DeviceTimer* timer() const { return nullptr; }
 
+  // ---- devices of this type and the calling thread's ----
+  virtual int device_count() const { return 1; }
+  // The ordinal the calling thread's buffers and kernels use (cuda: 0 until set).
+  virtual int current_ordinal() const { return 0; }
+  // REQUIRES: 0 <= ordinal < device_count(), before the thread's first buffer or kernel on this
+  // device type (one device per thread); Error(InvalidArgument) otherwise.
+  virtual void set_current_ordinal(int ordinal) const;
+  // The calling thread's stream as the device API's handle (cuda: a cudaStream_t), for a
+  // communicator that queues work beside the kernels (NCCL); null where kernels run inline.
+  virtual void* native_stream() const { return nullptr; }
+
   // ---- memory (device buffers; ordinal selects the device of that type) ----
   // REQUIRES: bytes > 0 for a non-null result. Throws Backend when out of memory.
   virtual void* allocate(std::size_t bytes, int ordinal) const = 0;

@@ -237,10 +237,20 @@ struct ThreadContext {
 };
 
 thread_local std::unique_ptr<ThreadContext> t_context;
+thread_local int t_ordinal = -1;  // set_current_ordinal's choice; -1: the runtime's current device
 
 ThreadContext& ctx() {
-  if (!t_context) t_context = std::make_unique<ThreadContext>();
+  if (!t_context) {
+    if (t_ordinal >= 0) check(cudaSetDevice(t_ordinal), "cudaSetDevice");
+    t_context = std::make_unique<ThreadContext>();
+  }
   return *t_context;
+}
+
+int visible_devices() {
+  int n = 0;
+  check(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+  return n;
 }
 cudaStream_t stream() { return ctx().stream; }
 
@@ -468,6 +478,21 @@ class CudaKernels final : public Kernels {
   Device device() const override { return Device::CUDA; }
   void synchronize() const override { sync("synchronize"); }
   DeviceTimer* timer() const override { return ctx().timer.get(); }
+  int device_count() const override { return visible_devices(); }
+  int current_ordinal() const override {
+    return t_context ? t_context->device : std::max(t_ordinal, 0);
+  }
+  void set_current_ordinal(int ordinal) const override {
+    const int n = visible_devices();
+    COMMTRACE_CHECK(ordinal >= 0 && ordinal < n, ErrorCode::InvalidArgument,
+                    "cuda:{}: this machine has {} visible CUDA device{} (cuda:0 to cuda:{})",
+                    ordinal, n, n == 1 ? "" : "s", n - 1);
+    COMMTRACE_CHECK(!t_context || t_context->device == ordinal, ErrorCode::InvalidArgument,
+                    "cuda:{}: this thread already runs on cuda:{} (one device per thread)", ordinal,
+                    t_context ? t_context->device : 0);
+    t_ordinal = ordinal;
+  }
+  void* native_stream() const override { return ctx().stream; }
 
   // ---- memory ----
   void* allocate(std::size_t bytes, int ordinal) const override {

@@ -8,9 +8,18 @@
 #   cuda-kernels  tests/kernels/test_cuda: the CUDA backend against the CPU backend (the reference)
 #                 on random inputs, f32, f64 and bf16.
 #   cuda-verify   verify --device cuda (threads backend: several ranks on the one GPU) for the
-#                 zoo's models and plans at world 1, 2 and 4.
+#                 zoo's models and plans at world 1, 2, 4 and 8 (where the heads divide), and in
+#                 bf16 at world 2.
 #   cuda-trace    run --device cuda writes the CPU run's PyTorch-format dump byte for byte
 #                 (modules, collectives, counts, shapes, shardings).
+#   nccl-verify   verify --backend nccl (world 1: NCCL takes one rank per GPU) for the zoo.
+#   nccl-trace    run --backend nccl at world 1 writes the threads run's dump byte for byte.
+#   nccl-two      --backend nccl at world 2 on one GPU stops with the error naming the GPUs.
+#   nccl-mpirun   mpirun -np 1 commtrace run --backend nccl: the transformer TP step with the
+#                 NCCL unique id over MPI (when mpirun is there).
+#   bench         one table: the op layer's GEMM against cuBLAS (bench_cuda_gemm), the
+#                 transformer step traced/untraced on cuda at dim 1024 (world 4, threads),
+#                 NCCL's world-1 all_reduce of 256 MiB.
 #   nccl-plugin   libcommtrace_nccl_profiler.so loaded by a real NCCL program (world 1,
 #                 tests/nccl_profiler/nccl_world1.cpp): its trace holds every call it made.
 #   torch-plugin  the same plugin under PyTorch's NCCL process group (world 1), when torch with
@@ -47,7 +56,7 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCOMMTRACE_WITH
 else
   grep "commtrace:" "$out/configure.log"
   if cmake --build "$build" -j"${JOBS:-$(nproc)}" --target commtrace commtrace_nccl_profiler \
-    nccl_world1 test_cuda >"$out/build.log" 2>&1; then
+    nccl_world1 test_cuda bench_cuda_gemm >"$out/build.log" 2>&1; then
     result PASS build "$(($(date +%s) - start)) s"
   else
     tail -30 "$out/build.log"
@@ -68,16 +77,25 @@ fi
 # ---- cuda-verify: parallel on the GPU against one device, per zoo model and plan ----
 verify_failed=()
 verify_runs=0
-for mp in "toy tp" "toy sp" "mlp tp" "transformer tp" "transformer sp" "decoder tp"; do
+verify_one() {  # verify_one LABEL ARGS...: one verify run, its log under $out
+  local label="$1"
+  shift
+  verify_runs=$((verify_runs + 1))
+  if ! timeout 120 "$ct" verify "$@" >"$out/verify-$label.log" 2>&1; then
+    tail -5 "$out/verify-$label.log"
+    verify_failed+=("$label")
+  fi
+}
+for mp in "toy tp" "toy sp" "mlp tp" "mlp sp" "mlp-stacked tp" "transformer tp" "transformer sp" \
+  "decoder tp" "decoder sp"; do
   read -r model plan <<<"$mp"
-  for w in 1 2 4; do
-    verify_runs=$((verify_runs + 1))
-    if ! timeout 120 "$ct" verify --device cuda --model "$model" --plan "$plan" --world-size "$w" \
-      >"$out/verify-$model-$plan-$w.log" 2>&1; then
-      tail -5 "$out/verify-$model-$plan-$w.log"
-      verify_failed+=("$model/$plan/w$w")
-    fi
+  for w in 1 2 4 8; do
+    # The zoo's transformer and decoder have 4 heads: tensor parallel up to 4 ranks.
+    [[ $w == 8 && ($model == transformer || $model == decoder) ]] && continue
+    verify_one "$model-$plan-w$w" --device cuda --model "$model" --plan "$plan" --world-size "$w"
   done
+  verify_one "$model-$plan-w2-bf16" --device cuda --model "$model" --plan "$plan" \
+    --world-size 2 --dtype bf16
 done
 if ((${#verify_failed[@]} == 0)); then
   result PASS cuda-verify "$verify_runs runs"
@@ -101,6 +119,61 @@ if ((${#trace_failed[@]} == 0)); then
   result PASS cuda-trace "transformer tp and sp at world 2 and 4"
 else
   result FAIL cuda-trace "cpu and cuda dumps differ: ${trace_failed[*]} (see $out/trace-*)"
+fi
+
+# ---- nccl-verify, nccl-trace, nccl-two, nccl-mpirun: the nccl communicator backend ----
+nccl_failed=()
+nccl_runs=0
+for mp in "toy tp" "toy sp" "mlp tp" "mlp sp" "mlp-stacked tp" "transformer tp" "transformer sp" \
+  "decoder tp" "decoder sp"; do
+  read -r model plan <<<"$mp"
+  nccl_runs=$((nccl_runs + 1))
+  if ! timeout 120 "$ct" verify --backend nccl --device cuda --model "$model" --plan "$plan" \
+    --world-size 1 >"$out/nccl-verify-$model-$plan.log" 2>&1; then
+    tail -5 "$out/nccl-verify-$model-$plan.log"
+    nccl_failed+=("$model/$plan")
+  fi
+done
+if ((${#nccl_failed[@]} == 0)); then
+  result PASS nccl-verify "$nccl_runs runs at world 1"
+else
+  result FAIL nccl-verify "${#nccl_failed[@]} of $nccl_runs failed: ${nccl_failed[*]}"
+fi
+for backend in threads nccl; do
+  timeout 120 "$ct" run --device cuda --backend "$backend" --model transformer --plan tp \
+    --world-size 1 --noise 2 --torch-json "$out/nccl-trace-$backend.json" \
+    >"$out/nccl-trace-$backend.log" 2>&1 || echo "run failed" >"$out/nccl-trace-$backend.json"
+done
+if cmp -s "$out/nccl-trace-threads.json" "$out/nccl-trace-nccl.json"; then
+  result PASS nccl-trace "transformer tp at world 1: nccl dump = threads dump"
+else
+  tail -5 "$out/nccl-trace-nccl.log"
+  result FAIL nccl-trace "nccl and threads dumps differ (see $out/nccl-trace-*)"
+fi
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if ((gpus == 1)); then
+  timeout 60 "$ct" run --device cuda --backend nccl --world-size 2 >"$out/nccl-two.log" 2>&1
+  rc=$?
+  if ((rc == 2)) && grep -q "need 2 GPUs" "$out/nccl-two.log"; then
+    result PASS nccl-two "$(grep -o 'nccl backend: .*GPUs' "$out/nccl-two.log" | head -1)"
+  else
+    cat "$out/nccl-two.log"
+    result FAIL nccl-two "exit $rc, expected 2 with the GPU count named"
+  fi
+else
+  result SKIP nccl-two "$gpus GPUs visible (the check is for one)"
+fi
+if command -v mpirun >/dev/null; then
+  if OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 180 mpirun -np 1 \
+    --oversubscribe "$ct" run --device cuda --backend nccl --model transformer --plan tp \
+    >"$out/nccl-mpirun.log" 2>&1; then
+    result PASS nccl-mpirun "$(grep -E '^  total' "$out/nccl-mpirun.log" | head -1 | tr -s ' ')"
+  else
+    tail -20 "$out/nccl-mpirun.log"
+    result FAIL nccl-mpirun "mpirun -np 1 with the nccl backend failed (log: $out/nccl-mpirun.log)"
+  fi
+else
+  result SKIP nccl-mpirun "no mpirun"
 fi
 
 # ---- nccl-plugin: a real NCCL program at world 1 ----
@@ -186,6 +259,28 @@ PY
     tail -20 "$out/torch.log"
     result FAIL torch-plugin "the torch run failed (log: $out/torch.log)"
   fi
+fi
+
+# ---- bench: the figures of issue 8, in one table ----
+{
+  echo "== op-layer GEMM vs direct cuBLAS (bench_cuda_gemm) =="
+  timeout 300 "$build/tests/bench/bench_cuda_gemm" 50 2>&1
+  echo "== transformer step traced/untraced on cuda, dim 1024, 4 layers, world 4 (threads) =="
+  timeout 300 "$ct" bench step --device cuda --backend threads --world-size 4 \
+    --model "$root/samples/models/transformer_1024.json" --plan tp --steps 3 --rounds 7 2>&1
+  echo "== NCCL world-1 all_reduce, 256 MiB =="
+  timeout 120 "$ct" bench allreduce --backend nccl --device cuda --world-size 1 --mib 256 \
+    --rounds 20 2>&1
+  echo "== threads all_reduce over device buffers, world 2, 256 MiB =="
+  timeout 120 "$ct" bench allreduce --backend threads --device cuda --world-size 2 --mib 256 \
+    --rounds 20 2>&1
+} >"$out/bench.txt"
+cat "$out/bench.txt"
+if grep -q "op/cuBLAS" "$out/bench.txt" && grep -q "traced/untraced" "$out/bench.txt" &&
+  grep -q "algbw" "$out/bench.txt"; then
+  result PASS bench "table in $out/bench.txt (targets: op/cuBLAS >= 0.95, traced/untraced <= 1.02)"
+else
+  result FAIL bench "a benchmark did not print its figures (see $out/bench.txt)"
 fi
 
 echo

@@ -112,6 +112,10 @@ class CommBackend {
   const char* name() const { return name_; }
   Job& job() const { return *job_; }
 
+  // Called by the launcher on the rank's thread before the rank runs (a throw fails the rank):
+  // where a backend binds the rank to its device.
+  virtual void start_rank(int /*rank*/) {}
+
   // The communicator of (group, ranks) for global_rank: checked, made once per rank, cached.
   std::shared_ptr<Communicator> new_group(const std::string& group, const std::vector<int>& ranks,
                                           int global_rank);
@@ -131,6 +135,9 @@ class CommBackend {
 // The backends. REQUIRES for threads: timeout_s > 0.
 std::shared_ptr<CommBackend> make_threads_backend(std::shared_ptr<Job> job, double timeout_s);
 std::shared_ptr<CommBackend> make_fake_backend(std::shared_ptr<Job> job);
+// In builds with NCCL (COMMTRACE_HAVE_NCCL; nccl.cpp). REQUIRES: timeout_s > 0.
+std::shared_ptr<CommBackend> make_nccl_backend(std::shared_ptr<Job> job, double timeout_s,
+                                               bool one_process_per_rank);
 
 // The one-process-per-rank launcher and its backend (mpi.cpp), in builds with MPI
 // (COMMTRACE_HAVE_MPI). MPI is initialized on first use and finalized at exit.
@@ -144,6 +151,8 @@ void run_rank(const std::shared_ptr<CommBackend>& backend,
               const std::function<void(RankContext&)>& fn);
 std::vector<std::string> gather_to_first(const std::string& mine, double timeout_s);
 std::string broadcast_from_first(const std::string& value);
+// This process's index among the job's processes on its machine (which GPU it takes).
+int local_rank();
 }  // namespace mpi
 
 }  // namespace commtrace

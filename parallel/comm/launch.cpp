@@ -3,6 +3,7 @@
 // threads.cpp, the fake backend in fake.cpp.
 #include "parallel/comm/launch.h"
 
+#include <cstdlib>
 #include <set>
 #include <span>
 #include <thread>
@@ -34,6 +35,7 @@ void run_threads(const std::shared_ptr<CommBackend>& backend, std::span<const in
       threads.emplace_back([&backend, &job, &fn, r] {
         RankContext ctx(backend, r);
         try {
+          backend->start_rank(r);
           fn(ctx);
         } catch (...) {
           job.rank_failed(r, std::current_exception());
@@ -102,7 +104,30 @@ const BackendEntry kBackends[] = {
        return mpi::make_backend(std::move(job), o.timeout_s);
      }},
 #endif
+#ifdef COMMTRACE_HAVE_NCCL
+    {"nccl", true,
+     [](std::shared_ptr<Job> job, const LaunchOptions& o) {
+       COMMTRACE_CHECK(o.timeout_s > 0, ErrorCode::InvalidArgument,
+                       "launch: timeout_s {} must be > 0", o.timeout_s);
+       return make_nccl_backend(std::move(job), o.timeout_s, o.launcher == "mpi");
+     }},
+#endif
 };
+
+// Why a backend this build lacks is missing, for the error.
+std::string missing_backend_hint(const std::string& name) {
+  if (name == "mpi") return "; mpi needs a build with MPI: libopenmpi-dev";
+  if (name == "nccl") return "; nccl needs a build with CUDA and NCCL (nvcc, libnccl)";
+  return "";
+}
+
+// An MPI launcher (mpirun, srun) started this process: it set its environment.
+bool started_by_mpi() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+    if (std::getenv(var)) return true;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -110,7 +135,10 @@ std::vector<std::string> launcher_names() { return names_of(kLaunchers); }
 std::vector<std::string> backend_names() { return names_of(kBackends); }
 
 std::string launcher_for(const std::string& backend) {
-  return backend == "mpi" ? "mpi" : "threads";
+  if (backend == "mpi") return "mpi";
+  // NCCL runs one process per GPU under mpirun, or every rank of one process on its own GPU.
+  if (backend == "nccl" && started_by_mpi()) return "mpi";
+  return "threads";
 }
 
 Processes processes_of(const std::string& launcher) {
@@ -245,11 +273,11 @@ void launch(int world_size, const std::function<void(RankContext&)>& fn,
   }
   COMMTRACE_CHECK(backend != nullptr, ErrorCode::Unsupported,
                   "launch: unknown backend '{}' (this build has {}{})", options.backend,
-                  fmt::join(backend_names(), ", "),
-                  options.backend == "mpi" ? "; mpi needs a build with MPI: libopenmpi-dev" : "");
-  COMMTRACE_CHECK(launcher_for(backend->name) == launcher->name, ErrorCode::InvalidArgument,
-                  "launch: the {} backend does not run under the {} launcher", backend->name,
-                  launcher->name);
+                  fmt::join(backend_names(), ", "), missing_backend_hint(options.backend));
+  const bool nccl_fits = std::string(backend->name) == "nccl";  // either launcher
+  COMMTRACE_CHECK(
+      nccl_fits || launcher_for(backend->name) == launcher->name, ErrorCode::InvalidArgument,
+      "launch: the {} backend does not run under the {} launcher", backend->name, launcher->name);
   if (launcher->processes) {
     const Processes p = launcher->processes();
     COMMTRACE_CHECK(p.size == world_size, ErrorCode::InvalidArgument,

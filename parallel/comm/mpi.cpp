@@ -474,6 +474,7 @@ void run_rank(const std::shared_ptr<CommBackend>& backend,
   Job& job = backend->job();
   RankContext ctx(backend, p.rank());
   try {
+    backend->start_rank(p.rank());
     fn(ctx);
   } catch (...) {
     // Alone, the error goes back to the caller; with peers waiting for this rank, the job ends.
@@ -530,6 +531,20 @@ std::vector<std::string> gather_to_first(const std::string& mine, double timeout
     }
   }
   return out;
+}
+
+int local_rank() {
+  static const int local = [] {
+    MpiProcess::get();
+    MPI_Comm node = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+              "MPI_Comm_split_type");
+    int r = 0;
+    MPI_Comm_rank(node, &r);
+    MPI_Comm_free(&node);
+    return r;
+  }();
+  return local;
 }
 
 std::string broadcast_from_first(const std::string& value) {

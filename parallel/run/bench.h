@@ -36,10 +36,12 @@ StepBenchResult bench_step(const StepBenchOptions& o);
 struct AllReduceBenchResult {
   bool reported = true;
   int world_size = 0;
+  Device device = Device::CPU;
   std::uint64_t bytes = 0;
   double all_reduce_s = 0;  // median per all_reduce
-  double memcpy_s = 0;      // median per memcpy of the same bytes
-  double busbw_gbs = 0;     // nccl-tests' bus bandwidth of the all_reduce
+  double memcpy_s = 0;      // median per memcpy of the same bytes (on the device: a device copy)
+  double algbw_gbs = 0;     // bytes / all_reduce time
+  double busbw_gbs = 0;     // nccl-tests' bus bandwidth of the all_reduce (0 at world 1)
   double memcpy_gbs = 0;    // bytes / memcpy time
   // The threads backend moves 2·n·S bytes per all_reduce of S (every rank reads its chunk from n
   // inputs and writes it to n outputs, cache-blocked) over min(n, cores) cores; a memcpy moves
@@ -47,11 +49,12 @@ struct AllReduceBenchResult {
   unsigned cores = 0;
 };
 
-// The median of `rounds` all_reduces of `bytes` (f32) on `world_size` threads ranks, interleaved
-// with memcpys of the same bytes.
-// backend: threads, or mpi (one process per rank under mpirun; the figures are on rank 0's
-// process, `reported` false elsewhere).
+// The median of `rounds` all_reduces of `bytes` (f32) on `world_size` ranks, interleaved with
+// copies of the same bytes on the same device.
+// backend: threads (world >= 2; cpu or cuda), mpi (one process per rank under mpirun; the
+// figures are on rank 0's process, `reported` false elsewhere), or nccl (cuda; world >= 1).
 AllReduceBenchResult bench_all_reduce(int world_size, std::uint64_t bytes, int rounds,
-                                      const std::string& backend = "threads");
+                                      const std::string& backend = "threads",
+                                      Device device = Device::CPU);
 
 }  // namespace commtrace

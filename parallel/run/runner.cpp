@@ -101,13 +101,15 @@ void check_device(const ParallelConfig& cfg) {
   COMMTRACE_CHECK(cfg.backend == "fake" || d != Device::Meta, ErrorCode::InvalidArgument,
                   "device meta needs the fake backend (the {} backend moves real data)",
                   cfg.backend);
+  COMMTRACE_CHECK(cfg.backend != "nccl" || d == Device::CUDA, ErrorCode::InvalidArgument,
+                  "the nccl backend moves cuda tensors: pass --device cuda (got {})",
+                  device_name(d));
   if (d != Device::CUDA) return;
   COMMTRACE_CHECK(has_kernels(Device::CUDA), ErrorCode::Unsupported, "device cuda: {}",
                   kernels_unavailable_reason(Device::CUDA));
-  COMMTRACE_CHECK(cfg.backend == "threads" || cfg.backend == "fake", ErrorCode::Unsupported,
-                  "device cuda runs on the threads or fake backend, not {} (its collectives move "
-                  "host buffers)",
-                  cfg.backend);
+  COMMTRACE_CHECK(cfg.backend != "mpi", ErrorCode::Unsupported,
+                  "device cuda runs on the threads, nccl or fake backend, not mpi (its "
+                  "collectives move host buffers; under mpirun use --backend nccl)");
 }
 
 Plan config_plan(const ParallelConfig& cfg) {
@@ -663,8 +665,9 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
   const Plan plan = config_plan(cfg);
   const MeshDims dims = mesh_dims(cfg, plan);
   const int dp = dims.dp, tp = dims.tp;
-  COMMTRACE_CHECK(cfg.backend == "threads" || cfg.backend == "mpi", ErrorCode::InvalidArgument,
-                  "verify: runs on the threads or mpi backend (got {})", cfg.backend);
+  COMMTRACE_CHECK(cfg.backend == "threads" || cfg.backend == "mpi" || cfg.backend == "nccl",
+                  ErrorCode::InvalidArgument,
+                  "verify: runs on the threads, mpi or nccl backend (got {})", cfg.backend);
   LaunchOptions lo;
   lo.launcher = launcher_for(cfg.backend);
   lo.backend = cfg.backend;

@@ -12,8 +12,10 @@ std::atomic<std::uint64_t> g_allocations{0};
 }
 
 Storage::Storage(std::size_t bytes, Device device, int ordinal)
-    : bytes_(bytes), device_(device), ordinal_(ordinal) {
-  data_ = kernels_for(device).allocate(bytes, ordinal);
+    : bytes_(bytes),
+      device_(device),
+      ordinal_(ordinal >= 0 ? ordinal : kernels_for(device).current_ordinal()) {
+  data_ = kernels_for(device).allocate(bytes, ordinal_);
   g_allocations.fetch_add(1, std::memory_order_relaxed);
 }
 

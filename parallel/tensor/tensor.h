@@ -22,7 +22,8 @@ namespace commtrace {
 // the bytes on another stream.
 class Storage {
  public:
-  Storage(std::size_t bytes, Device device, int ordinal = 0);
+  // ordinal < 0: the calling thread's current device of that type (a rank's GPU).
+  Storage(std::size_t bytes, Device device, int ordinal = -1);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

@@ -53,7 +53,7 @@ out="$("$ct" run --model toy --expect forward.allreduce=1 2>/dev/null)"
 check typo_model 2 "unknown model 'trasformer' \(did you mean 'transformer'\?\)" -- "$ct" run --model trasformer
 check typo_option 2 "'--itres' \(did you mean '--iters'\?\)" -- "$ct" run --itres 3
 check typo_command 2 "'rn' \(did you mean 'run'\?\)" -- "$ct" rn
-check typo_value 2 "--backend: fak not in \{threads,fake,mpi\} \(did you mean 'fake'\?\)" -- "$ct" run --backend fak
+check typo_value 2 "--backend: fak not in \{threads,fake,mpi,nccl\} \(did you mean 'fake'\?\)" -- "$ct" run --backend fak
 # The progress line, on a terminal only (script gives the command one).
 if command -v script >/dev/null; then
   script -qec "'$ct' run --model toy --world-size 2 --iters 20 >/dev/null" /dev/null >tty.txt

@@ -3,6 +3,8 @@
 // leave in a tracer, the no-hang guarantees (mismatch, failing rank, timeout, early return), the
 // argument checks, and the fake backend at world size 64 on meta tensors.
 // Catch2 is not thread-safe: rank functions only store results; assertions run after launch().
+#include <stdlib.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -80,6 +82,27 @@ struct RankErrors {
 };
 
 }  // namespace
+
+// nccl runs under whichever launcher started the process: one process per GPU under mpirun,
+// every rank of this process on its own GPU otherwise.
+TEST_CASE("each backend names its launcher", "[comm]") {
+  REQUIRE(launcher_for("threads") == "threads");
+  REQUIRE(launcher_for("fake") == "threads");
+  REQUIRE(launcher_for("mpi") == "mpi");
+  const char* saved = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const std::string keep = saved ? saved : "";
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  const bool other_launcher = std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+  if (!other_launcher) REQUIRE(launcher_for("nccl") == "threads");
+  ::setenv("OMPI_COMM_WORLD_SIZE", "1", 1);  // what mpirun -np 1 sets
+  REQUIRE(launcher_for("nccl") == "mpi");
+  REQUIRE(launcher_for("threads") == "threads");
+  if (saved) {
+    ::setenv("OMPI_COMM_WORLD_SIZE", keep.c_str(), 1);
+  } else {
+    ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  }
+}
 
 TEST_CASE("CollectiveScope nests and restores", "[comm]") {
   REQUIRE(CollectiveScope::current() == nullptr);
@@ -252,8 +275,7 @@ TEST_CASE("batched send/recv pass tensors around a ring without touching the gro
   }
 }
 
-TEST_CASE("sends are not eager: a ring of lone sends is reported as a desync at once",
-          "[comm]") {
+TEST_CASE("sends are not eager: a ring of lone sends is reported as a desync at once", "[comm]") {
   LaunchOptions opts;
   opts.timeout_s = 60;  // the cycle is found when the last rank blocks, not at the timeout
   const Error e = error_of([&] {
@@ -268,10 +290,11 @@ TEST_CASE("sends are not eager: a ring of lone sends is reported as a desync at 
   });
   CAPTURE(e.what());
   REQUIRE(e.code() == ErrorCode::InvalidArgument);
-  REQUIRE(contains(e.what(), "desync: every running rank waits for a peer that waits elsewhere "
-                             "(3 ranks): rank 0 in send seq 0 to rank 1 on group 'tp'; rank 1 "
-                             "in send seq 0 to rank 2 on group 'tp'; rank 2 in send seq 0 to "
-                             "rank 0 on group 'tp'"));
+  REQUIRE(contains(e.what(),
+                   "desync: every running rank waits for a peer that waits elsewhere "
+                   "(3 ranks): rank 0 in send seq 0 to rank 1 on group 'tp'; rank 1 "
+                   "in send seq 0 to rank 2 on group 'tp'; rank 2 in send seq 0 to "
+                   "rank 0 on group 'tp'"));
 }
 
 TEST_CASE("a wait-for cycle across groups is reported as a desync naming ranks and groups",
@@ -298,12 +321,13 @@ TEST_CASE("a wait-for cycle across groups is reported as a desync naming ranks a
   });
   CAPTURE(e.what());
   REQUIRE(e.code() == ErrorCode::InvalidArgument);
-  REQUIRE(contains(e.what(), "desync: every running rank waits for a peer that waits elsewhere "
-                             "(4 ranks): rank 0 in all_reduce(f32[4], sum) seq 0 on group 'dp' "
-                             "(2 ranks); rank 1 in all_reduce(f32[4], sum) seq 0 on group 'tp' "
-                             "(2 ranks); rank 2 in all_reduce(f32[4], sum) seq 0 on group 'tp' "
-                             "(2 ranks); rank 3 in all_reduce(f32[4], sum) seq 0 on group 'dp' "
-                             "(2 ranks)"));
+  REQUIRE(contains(e.what(),
+                   "desync: every running rank waits for a peer that waits elsewhere "
+                   "(4 ranks): rank 0 in all_reduce(f32[4], sum) seq 0 on group 'dp' "
+                   "(2 ranks); rank 1 in all_reduce(f32[4], sum) seq 0 on group 'tp' "
+                   "(2 ranks); rank 2 in all_reduce(f32[4], sum) seq 0 on group 'tp' "
+                   "(2 ranks); rank 3 in all_reduce(f32[4], sum) seq 0 on group 'dp' "
+                   "(2 ranks)"));
 }
 
 TEST_CASE("a batch with a mismatched receive fails both sides and leaves no buffer behind",
@@ -817,8 +841,9 @@ TEST_CASE("launch and new_group check their arguments", "[comm]") {
   bad.backend = "nccl2";
   Error e = error_of([&] { launch(2, noop, bad); });
   REQUIRE(e.code() == ErrorCode::Unsupported);
-  REQUIRE(std::string(e.what()).starts_with("launch: unknown backend 'nccl2' (this build has "
-                                            "threads, fake"));
+  REQUIRE(
+      std::string(e.what()).starts_with("launch: unknown backend 'nccl2' (this build has "
+                                        "threads, fake"));
   // The mpi backend runs under the mpi launcher only (one process per rank).
   LaunchOptions mixed;
   mixed.backend = "mpi";
@@ -925,8 +950,8 @@ TEST_CASE("the fake backend runs only the requested ranks, keeps in-place data, 
         c->all_gather(t, out);
         Tensor got = Tensor::full({4}, -1.0);
         c->recv(got, ctx.rank() == 3 ? 17 : 3);  // never waits for the peer either
-        kept[std::size_t(ctx.rank())] = t.to_vector()[0] + out.to_vector()[255] +
-                                        out.to_vector()[0] + got.to_vector()[3];
+        kept[std::size_t(ctx.rank())] =
+            t.to_vector()[0] + out.to_vector()[255] + out.to_vector()[0] + got.to_vector()[3];
       },
       fake);
   REQUIRE(runs.load() == 2);
