@@ -17,6 +17,7 @@
 // (ncclCommAbort), which ends its pending kernels, and fail the rank naming the call. Calls that
 // differ between ranks are not compared up front (NCCL would wait or move the wrong bytes): they
 // end as that timeout, naming this rank's call.
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <chrono>
@@ -34,10 +35,53 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// NCCL's functions, loaded on first use: commtrace maps NCCL's ~200 MB library only when the nccl
+// backend is asked for (every other run stays small, as under a memory limit). The library this
+// build found is tried first, then the loader's search path (libnccl.so.2).
+// clang-format off
+#define COMMTRACE_NCCL_FUNCTIONS(X)                                                         \
+  X(ncclGetErrorString) X(ncclGetLastError) X(ncclCommDestroy) X(ncclCommInitAll)           \
+  X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommSplit) X(ncclCommAbort)                  \
+  X(ncclCommGetAsyncError) X(ncclAllReduce) X(ncclAllGather) X(ncclReduceScatter)           \
+  X(ncclBroadcast) X(ncclGroupStart) X(ncclGroupEnd) X(ncclSend) X(ncclRecv)
+// clang-format on
+
+struct NcclApi {
+#define COMMTRACE_NCCL_POINTER(f) decltype(&::f) f = nullptr;
+  COMMTRACE_NCCL_FUNCTIONS(COMMTRACE_NCCL_POINTER)
+#undef COMMTRACE_NCCL_POINTER
+};
+
+const NcclApi& nccl() {
+  static const NcclApi api = [] {
+    void* lib = nullptr;
+    std::string tried;
+    for (const char* path : {COMMTRACE_NCCL_LIBRARY, "libnccl.so.2"}) {
+      lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+      if (lib) break;
+      tried += fmt::format("{}{}", tried.empty() ? "" : "; ", dlerror());
+    }
+    COMMTRACE_CHECK(lib != nullptr, ErrorCode::Unsupported,
+                    "nccl backend: cannot load NCCL ({}); install NCCL or put libnccl.so.2 on "
+                    "LD_LIBRARY_PATH",
+                    tried);
+    NcclApi a;
+#define COMMTRACE_NCCL_LOAD(f)                            \
+  a.f = reinterpret_cast<decltype(a.f)>(dlsym(lib, #f));  \
+  COMMTRACE_CHECK(a.f != nullptr, ErrorCode::Unsupported, \
+                  "nccl backend: the NCCL library has no {}", #f);
+    COMMTRACE_NCCL_FUNCTIONS(COMMTRACE_NCCL_LOAD)
+#undef COMMTRACE_NCCL_LOAD
+    return a;
+  }();
+  return api;
+}
+
 void check_nccl(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return;
-  throw Error(ErrorCode::Backend, fmt::format("nccl backend: {} failed: {} ({})", what,
-                                              ncclGetErrorString(r), ncclGetLastError(nullptr)));
+  throw Error(ErrorCode::Backend,
+              fmt::format("nccl backend: {} failed: {} ({})", what, nccl().ncclGetErrorString(r),
+                          nccl().ncclGetLastError(nullptr)));
 }
 
 ncclDataType_t nccl_type(DType dt) {
@@ -81,7 +125,7 @@ class NcclBackend final : public CommBackend, public std::enable_shared_from_thi
         worlds_(std::size_t(CommBackend::job().world_size()), nullptr) {}
   ~NcclBackend() override {
     for (ncclComm_t c : worlds_) {
-      if (c) (void)ncclCommDestroy(c);
+      if (c) (void)nccl().ncclCommDestroy(c);
     }
   }
 
@@ -124,13 +168,13 @@ class NcclBackend final : public CommBackend, public std::enable_shared_from_thi
         ncclUniqueId id;
         std::string bytes(sizeof id.internal, '\0');
         if (mpi::processes().rank == 0) {
-          check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+          check_nccl(nccl().ncclGetUniqueId(&id), "ncclGetUniqueId");
           bytes.assign(id.internal, sizeof id.internal);
         }
         bytes = mpi::broadcast_from_first(bytes);
         std::memcpy(id.internal, bytes.data(), sizeof id.internal);
-        check_nccl(ncclCommInitRank(&worlds_[std::size_t(global_rank)], job().world_size(), id,
-                                    global_rank),
+        check_nccl(nccl().ncclCommInitRank(&worlds_[std::size_t(global_rank)], job().world_size(),
+                                           id, global_rank),
                    "ncclCommInitRank");
 #else
         throw Error(ErrorCode::Unsupported,
@@ -141,7 +185,7 @@ class NcclBackend final : public CommBackend, public std::enable_shared_from_thi
       std::call_once(init_, [&] {
         std::vector<int> devices(worlds_.size());
         for (std::size_t r = 0; r < devices.size(); ++r) devices[r] = int(r);
-        check_nccl(ncclCommInitAll(worlds_.data(), int(worlds_.size()), devices.data()),
+        check_nccl(nccl().ncclCommInitAll(worlds_.data(), int(worlds_.size()), devices.data()),
                    "ncclCommInitAll");
       });
     }
@@ -161,7 +205,7 @@ class NcclCommunicator final : public Communicator {
       : Communicator(group, ranks, global_rank), backend_(std::move(backend)), comm_(comm) {}
   ~NcclCommunicator() override {
     if (scratch_) cuda().deallocate(scratch_, sizeof(float), cuda().current_ordinal());
-    if (comm_) (void)ncclCommDestroy(comm_);
+    if (comm_) (void)nccl().ncclCommDestroy(comm_);
   }
 
   const char* backend_name() const override { return "nccl"; }
@@ -174,43 +218,44 @@ class NcclCommunicator final : public Communicator {
     const Tensor* t = c.out ? c.out : c.in;
     switch (c.op) {
       case Collective::AllReduce:
-        check_nccl(ncclAllReduce(data_of(*t), data_of(*t), std::size_t(t->numel()),
-                                 nccl_type(t->dtype()), nccl_op(c.reduce), comm(), s),
+        check_nccl(nccl().ncclAllReduce(data_of(*t), data_of(*t), std::size_t(t->numel()),
+                                        nccl_type(t->dtype()), nccl_op(c.reduce), comm(), s),
                    "ncclAllReduce");
         break;
       case Collective::AllGather:
-        check_nccl(ncclAllGather(data_of(*c.in), data_of(*c.out), std::size_t(c.in->numel()),
-                                 nccl_type(c.in->dtype()), comm(), s),
+        check_nccl(nccl().ncclAllGather(data_of(*c.in), data_of(*c.out), std::size_t(c.in->numel()),
+                                        nccl_type(c.in->dtype()), comm(), s),
                    "ncclAllGather");
         break;
       case Collective::ReduceScatter:
-        check_nccl(ncclReduceScatter(data_of(*c.in), data_of(*c.out), std::size_t(c.out->numel()),
+        check_nccl(
+            nccl().ncclReduceScatter(data_of(*c.in), data_of(*c.out), std::size_t(c.out->numel()),
                                      nccl_type(c.in->dtype()), nccl_op(c.reduce), comm(), s),
-                   "ncclReduceScatter");
+            "ncclReduceScatter");
         break;
       case Collective::AllToAll: {
         // Chunk j of in to group rank j, chunk i of out from group rank i: grouped send/recv.
         const std::size_t chunk = std::size_t(c.in->numel() / size());
         const std::size_t bytes = chunk * dtype_size(c.in->dtype());
         const ncclDataType_t ty = nccl_type(c.in->dtype());
-        check_nccl(ncclGroupStart(), "ncclGroupStart");
+        check_nccl(nccl().ncclGroupStart(), "ncclGroupStart");
         ncclResult_t r = ncclSuccess;
         for (int j = 0; j < size() && r == ncclSuccess; ++j) {
-          r = ncclSend(static_cast<const char*>(data_of(*c.in)) + std::size_t(j) * bytes, chunk, ty,
-                       j, comm(), s);
+          r = nccl().ncclSend(static_cast<const char*>(data_of(*c.in)) + std::size_t(j) * bytes,
+                              chunk, ty, j, comm(), s);
           if (r == ncclSuccess) {
-            r = ncclRecv(static_cast<char*>(data_of(*c.out)) + std::size_t(j) * bytes, chunk, ty, j,
-                         comm(), s);
+            r = nccl().ncclRecv(static_cast<char*>(data_of(*c.out)) + std::size_t(j) * bytes, chunk,
+                                ty, j, comm(), s);
           }
         }
-        const ncclResult_t end = ncclGroupEnd();
+        const ncclResult_t end = nccl().ncclGroupEnd();
         check_nccl(r, "ncclSend/ncclRecv of all_to_all");
         check_nccl(end, "ncclGroupEnd of all_to_all");
         break;
       }
       case Collective::Broadcast:
-        check_nccl(ncclBroadcast(data_of(*t), data_of(*t), std::size_t(t->numel()),
-                                 nccl_type(t->dtype()), c.root, comm(), s),
+        check_nccl(nccl().ncclBroadcast(data_of(*t), data_of(*t), std::size_t(t->numel()),
+                                        nccl_type(t->dtype()), c.root, comm(), s),
                    "ncclBroadcast");
         break;
       case Collective::Barrier:
@@ -219,7 +264,7 @@ class NcclCommunicator final : public Communicator {
           scratch_ = cuda().allocate(sizeof(float), cuda().current_ordinal());
           cuda().fill(DType::F32, scratch_, 0.0, 1);
         }
-        check_nccl(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm(), s),
+        check_nccl(nccl().ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm(), s),
                    "ncclAllReduce of the barrier");
         break;
       case Collective::Send:
@@ -232,18 +277,18 @@ class NcclCommunicator final : public Communicator {
   // The batch in one NCCL group: its sends and receives progress together.
   void run_p2p(std::span<const CollectiveCall> calls) override {
     const cudaStream_t s = rank_stream();
-    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    check_nccl(nccl().ncclGroupStart(), "ncclGroupStart");
     ncclResult_t r = ncclSuccess;
     for (const CollectiveCall& c : calls) {
       if (r != ncclSuccess) break;
       const bool send = c.op == Collective::Send;
       const Tensor& t = *(send ? c.in : c.out);
-      r = send ? ncclSend(data_of(t), std::size_t(t.numel()), nccl_type(t.dtype()), c.peer, comm(),
-                          s)
-               : ncclRecv(data_of(t), std::size_t(t.numel()), nccl_type(t.dtype()), c.peer, comm(),
-                          s);
+      r = send ? nccl().ncclSend(data_of(t), std::size_t(t.numel()), nccl_type(t.dtype()), c.peer,
+                                 comm(), s)
+               : nccl().ncclRecv(data_of(t), std::size_t(t.numel()), nccl_type(t.dtype()), c.peer,
+                                 comm(), s);
     }
-    const ncclResult_t end = ncclGroupEnd();
+    const ncclResult_t end = nccl().ncclGroupEnd();
     check_nccl(r, "ncclSend/ncclRecv");
     check_nccl(end, "ncclGroupEnd of a send/recv batch");
     wait(calls[0]);
@@ -270,7 +315,7 @@ class NcclCommunicator final : public Communicator {
                       "nccl backend: {} seq {} on group '{}': {}", collective_name(c.op), c.seq,
                       group(), cudaGetErrorString(q));
       ncclResult_t async = ncclSuccess;
-      (void)ncclCommGetAsyncError(comm_, &async);
+      (void)nccl().ncclCommGetAsyncError(comm_, &async);
       if (async != ncclSuccess && async != ncclInProgress) {
         abort();
         check_nccl(async, "an asynchronous NCCL operation");
@@ -297,7 +342,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void abort() {
-    if (comm_) (void)ncclCommAbort(comm_);
+    if (comm_) (void)nccl().ncclCommAbort(comm_);
     comm_ = nullptr;
   }
 
@@ -313,7 +358,7 @@ std::shared_ptr<Communicator> NcclBackend::make_communicator(const std::string& 
   int key = 0;
   while (ranks[std::size_t(key)] != global_rank) ++key;
   ncclComm_t comm = nullptr;
-  check_nccl(ncclCommSplit(w, ranks.front(), key, &comm, nullptr), "ncclCommSplit");
+  check_nccl(nccl().ncclCommSplit(w, ranks.front(), key, &comm, nullptr), "ncclCommSplit");
   return std::make_shared<NcclCommunicator>(group, ranks, global_rank, shared_from_this(), comm);
 }
 
