@@ -42,6 +42,26 @@
 namespace commtrace {
 namespace {
 
+// Prints "commtrace: <kind><what>" to stderr; never throws (stderr may be full or closed too).
+// Control characters in the message (from an argument or a file) are shown as \xNN, so a
+// message cannot carry a terminal escape sequence.
+void print_error(const char* kind, const char* what) noexcept {
+  std::fputs("commtrace: ", stderr);
+  std::fputs(kind, stderr);
+  for (const char* p = what; *p != '\0'; ++p) {
+    const auto c = static_cast<unsigned char>(*p);
+    const bool c1 = c == 0xc2 && static_cast<unsigned char>(p[1]) >= 0x80 &&
+                    static_cast<unsigned char>(p[1]) <= 0x9f;
+    if (c < 0x20 || c == 0x7f || c1) {
+      std::fprintf(stderr, "\\x%02x", c1 ? static_cast<unsigned char>(*++p) : c);
+    } else {
+      std::fputc(c, stderr);
+    }
+  }
+  std::fputs("\n", stderr);
+}
+
+
 // Option checks with short messages (CLI11's numeric ranges print 309-digit bounds) that refuse
 // what a conversion would silently change: a negative seed wrapping, inf or nan as a rate.
 CLI::Validator positive_finite() {
@@ -352,6 +372,9 @@ struct ViewArgs {
                traces.size() == 1 ? "" : "s");
   }
   void print(const Trace& t, std::FILE* out = stdout) const {
+    if (const auto w = t.metadata.find("warning"); w != t.metadata.end()) {
+      print_error("warning: ", w->second.c_str());
+    }
     const bool color = out == stdout && use_color();
     if (compat == "torch") {
       fmt::print(out, "{}", torch_table(t, noise, color));
@@ -901,24 +924,8 @@ int cmd_check(CheckArgs& c) {
 }  // namespace commtrace
 
 namespace {
-// Prints "commtrace: <kind><what>" to stderr; never throws (stderr may be full or closed too).
-// Control characters in the message (from an argument or a file) are shown as \xNN, so a
-// message cannot carry a terminal escape sequence.
-void print_error(const char* kind, const char* what) noexcept {
-  std::fputs("commtrace: ", stderr);
-  std::fputs(kind, stderr);
-  for (const char* p = what; *p != '\0'; ++p) {
-    const auto c = static_cast<unsigned char>(*p);
-    const bool c1 = c == 0xc2 && static_cast<unsigned char>(p[1]) >= 0x80 &&
-                    static_cast<unsigned char>(p[1]) <= 0x9f;
-    if (c < 0x20 || c == 0x7f || c1) {
-      std::fprintf(stderr, "\\x%02x", c1 ? static_cast<unsigned char>(*++p) : c);
-    } else {
-      std::fputc(c, stderr);
-    }
-  }
-  std::fputs("\n", stderr);
-}
+
+using commtrace::print_error;
 
 // Exit status when stdout could not be written: 2 with the reason (a closed pipe ends the
 // process by SIGPIPE before this, as `| head` users expect).

@@ -298,8 +298,9 @@ std::vector<std::string> match_modules(Module& root, const std::string& pattern)
   return out;
 }
 
-void parallelize_module(Module& model, const std::shared_ptr<const DeviceMesh>& mesh,
-                        const Plan& plan) {
+std::vector<std::string> parallelize_module(Module& model,
+                                            const std::shared_ptr<const DeviceMesh>& mesh,
+                                            const Plan& plan) {
   std::map<const TensorImpl*, Distributed> distributed;
   struct Scope {
     explicit Scope(std::map<const TensorImpl*, Distributed>* m) { g_distributed = m; }
@@ -328,6 +329,22 @@ void parallelize_module(Module& model, const std::shared_ptr<const DeviceMesh>& 
                     pattern, model.fqn());
     for (const auto& name : names) model.find(name)->set_checkpoint(true);
   }
+  // A tied weight that a style distributed while another module still holds it plain.
+  std::vector<std::string> untied;
+  for (const auto& [path, m] : model.named_modules()) {
+    for (const auto& [name, p] : m->local_parameters()) {
+      const auto it = distributed.find(p.impl());
+      if (it == distributed.end() || is_dtensor(p)) continue;
+      untied.push_back(fmt::format(
+          "the plan unties {}.{} from {}: {} is distributed as {}, {}.{} stays a plain tensor, "
+          "so the parallel model trains two weights where the model has one (PyTorch's "
+          "parallelize_module unties them alike); give both modules styles that distribute the "
+          "weight the same way to keep it tied",
+          m->fqn(), name, it->second.owner, it->second.owner, placements_str(it->second.placements),
+          m->fqn(), name));
+    }
+  }
+  return untied;
 }
 
 // ---------------------------------------------------------------- plans

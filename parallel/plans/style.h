@@ -92,9 +92,12 @@ struct Plan {
 };
 
 // Applies every style of the plan on a 1-D mesh. A pattern that matches no module is an error
-// naming it. Tied parameters stay tied when both uses ask for the same placements.
-void parallelize_module(Module& model, const std::shared_ptr<const DeviceMesh>& mesh,
-                        const Plan& plan);
+// naming it. Tied parameters stay tied when both uses ask for the same placements; a tied
+// parameter that only some of its modules distribute is untied, as PyTorch does, and the result
+// says so (one sentence per module left holding the plain tensor; empty when nothing untied).
+std::vector<std::string> parallelize_module(Module& model,
+                                            const std::shared_ptr<const DeviceMesh>& mesh,
+                                            const Plan& plan);
 
 // Names of modules under `root` (relative FQNs) that match `pattern`.
 std::vector<std::string> match_modules(Module& root, const std::string& pattern);

@@ -140,7 +140,7 @@ RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg) {
                   cfg.data_parallel);
   s.model = s.entry->build(cfg.seed, cfg.module);
   s.ddp.cap_mb = cfg.ddp_bucket_mb;
-  parallelize_module(*s.model, s.tp, s.plan);
+  s.warnings = parallelize_module(*s.model, s.tp, s.plan);
   if (s.dp && cfg.data_parallel == "fsdp") {
     COMMTRACE_CHECK(!s.plan.coalesce_partial_grads, ErrorCode::Unsupported,
                     "plan '{}': coalesce_partial_grads all-reduces whole gradients after "
@@ -568,6 +568,8 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
         if (s.plan.context_parallel) {
           t.metadata["context_parallel"] = s.plan.context_parallel->str();
         }
+        if (!s.warnings.empty())
+          t.metadata["warning"] = fmt::format("{}", fmt::join(s.warnings, "; "));
         if (s.dp) {
           t.metadata["data_parallel"] =
               s.fsdp ? (cfg.reshard_after_forward ? "fsdp" : "fsdp (no reshard after forward)")
@@ -677,6 +679,7 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
   const Values ref = reports ? reference_run(cfg, plan, dp, tp) : Values{};
 
   Values par;
+  std::vector<std::string> warnings;  // rank 0's: every rank parallelizes alike
   std::mutex mu;
   launch(
       cfg.world_size,
@@ -715,6 +718,7 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
         if (ctx.rank() == 0) {
           std::lock_guard<std::mutex> lock(mu);
           par = std::move(mine);
+          warnings = s.warnings;
         }
       },
       lo);
@@ -724,6 +728,10 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
   if (!reports) return report;
   if (cfg.input_requires_grad && !ref.count("input.grad")) {
     report.note = "the model's input is integer tokens: --input-requires-grad has no effect";
+  }
+  for (const std::string& w : warnings) {
+    if (!report.note.empty()) report.note += "; ";
+    report.note += w;
   }
   if (const auto& frozen = resolve_model(cfg.model).freeze; !frozen.empty()) {
     if (!report.note.empty()) report.note += "; ";

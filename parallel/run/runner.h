@@ -86,7 +86,8 @@ struct RankState {
   std::shared_ptr<Module> model;
   Batch batch;  // this rank's slice; batch.input requires grad when asked (floating inputs)
   DdpBuckets ddp;
-  std::shared_ptr<FullyShard> fsdp;  // set with data_parallel "fsdp"
+  std::shared_ptr<FullyShard> fsdp;   // set with data_parallel "fsdp"
+  std::vector<std::string> warnings;  // what parallelize_module reported (untied weights)
 };
 
 // What the optimizer steps: the parameters, or FSDP's sharded chunks of them.

@@ -68,6 +68,34 @@ TEST_CASE("plans that do not fit the model are errors naming the pattern", "[sty
   REQUIRE(contains(error_text([] { builtin_plan("resnet", "tp"); }), "no built-in plans"));
 }
 
+// The transformer ties output.weight to tok_embeddings.weight. Its TP plan distributes both
+// alike and keeps them tied; a plan that distributes only output unties them, as PyTorch does,
+// and says so.
+TEST_CASE("a plan that unties a tied weight says so", "[style]") {
+  auto untied_by = [](const Plan& plan) {
+    std::vector<std::string> notes;
+    std::mutex mu;
+    launch(2, [&](RankContext& ctx) {
+      auto mesh = std::make_shared<DeviceMesh>(ctx, std::vector<int>{2});
+      auto m = find_model("transformer").build(0, {});
+      auto mine = parallelize_module(*m, mesh, plan);
+      std::lock_guard<std::mutex> lock(mu);
+      if (ctx.rank() == 0) notes = mine;
+    });
+    return notes;
+  };
+  REQUIRE(untied_by(builtin_plan("transformer", "tp")).empty());
+  Plan only_output;
+  only_output.name = "only-output";
+  only_output.styles.emplace_back("output", std::make_shared<ColwiseParallel>());
+  const auto notes = untied_by(only_output);
+  REQUIRE(notes.size() == 1);
+  REQUIRE(contains(notes[0],
+                   "unties Transformer.tok_embeddings.weight from "
+                   "Transformer.output.weight"));
+  REQUIRE(contains(notes[0], "distributed as (Shard(dim=0),)"));
+}
+
 TEST_CASE("plan JSON: schema, styles, layouts and errors", "[style]") {
   const Plan p = plan_from_json_text(R"j({
     "schema": "commtrace.plan", "version": "1.0", "name": "toy-sp",
