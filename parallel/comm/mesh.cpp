@@ -9,8 +9,9 @@
 
 namespace commtrace {
 
-DeviceMesh::DeviceMesh(RankContext& ctx, std::vector<int> shape, std::vector<std::string> names)
-    : shape_(std::move(shape)), names_(std::move(names)), rank_(ctx.rank()) {
+DeviceMesh::DeviceMesh(RankContext& ctx, std::vector<int> shape, std::vector<std::string> names,
+                       Device device_type)
+    : shape_(std::move(shape)), names_(std::move(names)), device_(device_type), rank_(ctx.rank()) {
   COMMTRACE_CHECK(!shape_.empty(), ErrorCode::InvalidArgument, "DeviceMesh: no dims given");
   COMMTRACE_CHECK(shape_.size() <= std::size_t(kMaxMeshDims), ErrorCode::InvalidArgument,
                   "DeviceMesh: {} dims; at most {}", shape_.size(), kMaxMeshDims);
@@ -58,6 +59,7 @@ std::shared_ptr<DeviceMesh> DeviceMesh::sub(int dim) const {
   m->shape_ = {size(dim)};
   m->names_ = {dim_name(dim)};
   m->named_ = named_ || ndim() > 1;
+  m->device_ = device_;
   m->rank_ = rank_;
   m->coord_ = {coordinate(dim)};
   m->comms_ = {comms_.at(std::size_t(dim))};
@@ -81,7 +83,7 @@ int DeviceMesh::find_dim(const std::string& name) const {
 
 void DeviceMesh::set_info() {
   static std::atomic<std::uint64_t> next_uid{1};
-  info_ = MeshInfo{shape_, names_, named_, Device::CPU};
+  info_ = MeshInfo{shape_, names_, named_, device_};
   repr_ = mesh_str(info_);
   uid_ = next_uid.fetch_add(1, std::memory_order_relaxed);
 }

@@ -19,9 +19,11 @@ inline constexpr int kMaxMeshDims = 8;
 class DeviceMesh {
  public:
   // names: one per dim, distinct; empty gives commtrace's defaults ("tp"; "dp", "tp"; "dim0",
-  // ...), which PyTorch's repr does not show. REQUIRES: the product of shape equals
+  // ...), which PyTorch's repr does not show. device_type: what the mesh's repr and the trace
+  // name (PyTorch's DeviceMesh("cuda", ...)). REQUIRES: the product of shape equals
   // ctx.world_size(); every dim size >= 1.
-  DeviceMesh(RankContext& ctx, std::vector<int> shape, std::vector<std::string> names = {});
+  DeviceMesh(RankContext& ctx, std::vector<int> shape, std::vector<std::string> names = {},
+             Device device_type = Device::CPU);
 
   // The 1-D mesh of one dim (e.g. "tp" of a dp × tp mesh), sharing its communicator.
   std::shared_ptr<DeviceMesh> sub(int dim) const;
@@ -48,6 +50,7 @@ class DeviceMesh {
   std::vector<int> shape_;
   std::vector<std::string> names_;
   bool named_ = false;
+  Device device_ = Device::CPU;
   int rank_ = 0;
   std::vector<int> coord_;
   std::vector<std::shared_ptr<Communicator>> comms_;

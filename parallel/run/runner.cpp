@@ -130,7 +130,11 @@ RankState setup_rank(RankContext& ctx, const ParallelConfig& cfg) {
   const bool cp = s.plan.context_parallel.has_value();
   const MeshDims dims = mesh_dims(cfg, s.plan);
   // Without cp the names are DeviceMesh's defaults, unnamed as in PyTorch ("tp"; "dp", "tp").
-  s.mesh = std::make_shared<DeviceMesh>(ctx, shape, cp ? dims.names : std::vector<std::string>{});
+  // The mesh names its device as PyTorch's would: cuda for a cuda run; cpu for cpu and for meta
+  // (PyTorch's shape-only runs use a cpu mesh over a fake process group).
+  s.mesh =
+      std::make_shared<DeviceMesh>(ctx, shape, cp ? dims.names : std::vector<std::string>{},
+                                   cfg.module.device == Device::CUDA ? Device::CUDA : Device::CPU);
   const int nd = s.mesh->ndim();
   s.tp = nd == 1 ? s.mesh : s.mesh->sub(nd - 1);  // a family alone: its cp dim (no styles)
   if (cp) s.cp = s.plan.styles.empty() ? s.tp : s.mesh->sub(nd - 2);

@@ -180,6 +180,19 @@ TEST_CASE("a 3-D mesh: coordinates, groups, repr, and transitions on each dim", 
   REQUIRE(reprs[0] ==
           "DeviceMesh((2, 2, 2), 'cpu', mesh_dim_names=('dp', 'sp', 'tp'), stride=(4, 2, 1)) "
           "DeviceMesh((2,), 'cpu', mesh_dim_names=('sp',), stride=(1,))");
+  // A cuda run's mesh names its device as PyTorch's does (a label: no device needed), its
+  // sub-meshes too.
+  std::string cuda_repr;
+  bool cuda_info = false;
+  launch(2, [&](RankContext& ctx) {
+    DeviceMesh mesh(ctx, {2}, {}, Device::CUDA);
+    if (ctx.rank() != 0) return;
+    cuda_repr = mesh.str() + " " + mesh.sub(0)->str();
+    cuda_info = mesh.info().device == Device::CUDA;
+  });
+  REQUIRE(cuda_info);
+  REQUIRE(cuda_repr ==
+          "DeviceMesh((2,), 'cuda', stride=(1,)) DeviceMesh((2,), 'cuda', stride=(1,))");
   REQUIRE(parse_mesh_shape("2x2x2") == std::vector<int>{2, 2, 2});
   REQUIRE_THROWS_AS(parse_mesh_shape("2x0x2"), Error);
 
