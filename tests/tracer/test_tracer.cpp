@@ -1,5 +1,6 @@
 // The tracer core on its own: the module tree, phases, scopes and activation, interning,
 // iteration folding and the clock.
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -376,8 +377,13 @@ void timed_op(Tracer& tr, DeviceTimer& timer, const char* name) {
 }  // namespace
 
 TEST_CASE("device-timed events take the device's durations", "[tracer]") {
+  // Device seconds become ticks when an iteration closes and seconds again at take(), each with
+  // the clock's calibration so far: a tracer that has run for 20 ms converts to ~1e-5, one that
+  // has run for microseconds (nothing recorded yet) may be off by percents.
+  auto calibrate = [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
   SECTION("one iteration: the device time replaces the host's") {
     Tracer tr;
+    calibrate();
     ScriptedTimer timer({0.25, 0.5});
     timed_op(tr, timer, "mm");
     op(tr, "relu", tr.now());
@@ -392,6 +398,7 @@ TEST_CASE("device-timed events take the device's durations", "[tracer]") {
   }
   SECTION("folded iterations average the device times, matched or not") {
     Tracer tr;
+    calibrate();
     ScriptedTimer timer({0.1, 0.2, 0.6});
     for (int it = 0; it < 3; ++it) {
       timed_op(tr, timer, "mm");
@@ -405,6 +412,7 @@ TEST_CASE("device-timed events take the device's durations", "[tracer]") {
   }
   SECTION("an iteration that diverges after a device-timed match keeps its time") {
     Tracer tr;
+    calibrate();
     ScriptedTimer timer({0.1, 0.4});
     timed_op(tr, timer, "mm");
     tr.next_iteration();
