@@ -58,12 +58,6 @@ void blas_matmul(bool trans_a, bool trans_b, i64 m, i64 n, i64 k, T alpha, const
 
 // ---- dtype dispatch ----
 
-[[noreturn]] void unsupported(const char* kernel, DType dt, const char* expected) {
-  throw Error(ErrorCode::Unsupported, fmt::format("{}: the cpu backend does not support dtype {} "
-                                                  "(expected {})",
-                                                  kernel, dtype_name(dt), expected));
-}
-
 // The host side of the shared dtype dispatch (kernels/dtype_dispatch.h).
 struct Host {
   static void convert(const void* src, DType from, void* dst, DType to, i64 n) {
@@ -78,10 +72,12 @@ struct Host {
     std::vector<float> v_;
   };
   static void launched(const char*) {}
-  [[noreturn]] static void unsupported(const char* kernel, DType dt, const char* expected) {
-    commtrace::unsupported(kernel, dt, expected);
-  }
+  static constexpr const char* kName = "cpu";
 };
+
+[[noreturn]] void unsupported(const char* kernel, DType dt, const char* expected) {
+  dispatch::unsupported(Host::kName, kernel, dt, expected);
+}
 
 template <typename F>
 void floating(const char* kernel, DType dt, F&& f) {

@@ -297,12 +297,6 @@ i64 index_at(const i64* idx, i64 pos) {
 }
 
 // ---- dtype dispatch ----
-[[noreturn]] void unsupported(const char* kernel, DType dt, const char* expected) {
-  throw Error(ErrorCode::Unsupported,
-              fmt::format("{}: the cuda backend does not support dtype {} (expected {})", kernel,
-                          dtype_name(dt), expected));
-}
-
 // The device side of the shared dtype dispatch (kernels/dtype_dispatch.h): conversions and
 // scratch on the thread's stream.
 struct Gpu {
@@ -318,10 +312,12 @@ struct Gpu {
     Scratch s_;
   };
   static void launched(const char* kernel) { commtrace::launched(kernel); }
-  [[noreturn]] static void unsupported(const char* kernel, DType dt, const char* expected) {
-    commtrace::unsupported(kernel, dt, expected);
-  }
+  static constexpr const char* kName = "cuda";
 };
+
+[[noreturn]] void unsupported(const char* kernel, DType dt, const char* expected) {
+  dispatch::unsupported(Gpu::kName, kernel, dt, expected);
+}
 
 template <typename F>
 void floating(const char* kernel, DType dt, F&& f) {

@@ -6,7 +6,7 @@
 //   static void convert(const void* src, DType from, void* dst, DType to, i64 n);
 //   class Buffer { explicit Buffer(i64 n); float* data(); };  // n floats of scratch, not moved
 //   static void launched(const char* kernel);                 // after a kernel was issued
-//   [[noreturn]] static void unsupported(const char* kernel, DType dt, const char* expected);
+//   static constexpr const char* kName;                       // "cpu", "cuda": for errors
 #pragma once
 
 #include <deque>
@@ -15,6 +15,15 @@
 #include "kernels/base.h"
 
 namespace commtrace::dispatch {
+
+// Error(Unsupported): "<kernel>: the <backend> backend does not support dtype <dt> (expected
+// <expected>)".
+[[noreturn]] inline void unsupported(const char* backend, const char* kernel, DType dt,
+                                     const char* expected) {
+  throw Error(ErrorCode::Unsupported,
+              fmt::format("{}: the {} backend does not support dtype {} (expected {})", kernel,
+                          backend, dtype_name(dt), expected));
+}
 
 template <typename T>
 struct Direct {
@@ -88,7 +97,7 @@ void floating(const char* kernel, DType dt, F&& f) {
     case DType::I64:
       break;
   }
-  Dev::unsupported(kernel, dt, "f32, f64 or bf16");
+  unsupported(Dev::kName, kernel, dt, "f32, f64 or bf16");
 }
 
 template <typename T>
