@@ -125,22 +125,18 @@ else
 fi
 
 # ---- nccl-verify, nccl-trace, nccl-two, nccl-mpirun: the nccl communicator backend ----
-nccl_failed=()
-nccl_runs=0
+verify_failed=()
+verify_runs=0
 for mp in "toy tp" "toy sp" "mlp tp" "mlp sp" "mlp-stacked tp" "transformer tp" "transformer sp" \
   "decoder tp" "decoder sp"; do
   read -r model plan <<<"$mp"
-  nccl_runs=$((nccl_runs + 1))
-  if ! timeout 120 "$ct" verify --backend nccl --device cuda --model "$model" --plan "$plan" \
-    --world-size 1 >"$out/nccl-verify-$model-$plan.log" 2>&1; then
-    tail -5 "$out/nccl-verify-$model-$plan.log"
-    nccl_failed+=("$model/$plan")
-  fi
+  verify_one "nccl-$model-$plan" --backend nccl --device cuda --model "$model" --plan "$plan" \
+    --world-size 1
 done
-if ((${#nccl_failed[@]} == 0)); then
-  result PASS nccl-verify "$nccl_runs runs at world 1"
+if ((${#verify_failed[@]} == 0)); then
+  result PASS nccl-verify "$verify_runs runs at world 1"
 else
-  result FAIL nccl-verify "${#nccl_failed[@]} of $nccl_runs failed: ${nccl_failed[*]}"
+  result FAIL nccl-verify "${#verify_failed[@]} of $verify_runs failed: ${verify_failed[*]}"
 fi
 for backend in threads nccl; do
   timeout 120 "$ct" run --device cuda --backend "$backend" --model transformer --plan tp \
