@@ -1,15 +1,28 @@
 // Helpers shared by the tests: substring checks, catching commtrace::Error, files for a test.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "kernels/base.h"
 #include "tests/catch_compat.h"
 #include "tracer/trace.h"
 
 namespace commtrace::testing {
+
+// n values drawn uniformly from [lo, hi), the same for the same seed.
+inline std::vector<double> random(std::int64_t n, std::uint64_t seed, double lo = -1.0,
+                                  double hi = 1.0) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (double& x : v) x = dist(gen);
+  return v;
+}
 
 inline bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;

@@ -24,6 +24,7 @@
 using namespace commtrace;
 using commtrace::testing::contains;
 using commtrace::testing::error_of;
+using commtrace::testing::random;
 
 namespace {
 
@@ -75,14 +76,6 @@ struct In {
   const void* p() const { return buf.p(); }
   const double* d() const { return v.data(); }
 };
-
-std::vector<double> random(i64 n, std::uint64_t seed, double lo = -1.0, double hi = 1.0) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<double> dist(lo, hi);
-  std::vector<double> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
 
 // Small integers in [-3, 3]: sums and products of a few are exact in every dtype.
 std::vector<double> small_ints(i64 n, std::uint64_t seed) {

@@ -5,15 +5,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <random>
 #include <string>
 #include <vector>
 
 #define CATCH_CONFIG_RUNNER  // Catch2 v2: main below
 #include "kernels/backend.h"
 #include "tests/catch_compat.h"
+#include "tests/test_util.h"
 
 using namespace commtrace;
+using commtrace::testing::random;
 
 namespace {
 
@@ -44,14 +45,6 @@ struct Arg {
     return v;
   }
 };
-
-std::vector<double> random(i64 n, std::uint64_t seed, double lo = -1, double hi = 1) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<double> d(lo, hi);
-  std::vector<double> v(static_cast<std::size_t>(n));
-  for (double& x : v) x = d(g);
-  return v;
-}
 
 // Runs f(kernels, pick) on the CPU backend with host buffers and on the CUDA backend with device
 // buffers, then compares every output.
