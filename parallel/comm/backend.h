@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,6 +54,27 @@ inline std::string call_str(const CallDesc& d) {
   if (d.root >= 0) s += fmt::format(", root {}", d.root);
   return s + ")";
 }
+
+// What every rank of the group must agree on for `c`: the dtype and shape of `in` (of `out` for
+// a recv), the reduce op and the root; no shape for barrier.
+CallDesc call_desc(const CollectiveCall& c);
+
+// Compares what the ranks of a group call before a backend that cannot tell issues it (NCCL
+// would wait, or move the wrong bytes): ranks that differ fail with the message the threads and
+// mpi backends give, naming both ranks and both calls. The threads and mpi communicators are
+// checks for their group (call_check_of); their waits stop on the job's abort and at the
+// timeout, as their collectives' do.
+class CallCheck {
+ public:
+  virtual ~CallCheck() = default;
+  // Every rank of the group passes an equal description at `seq`.
+  virtual void same_call(const CallDesc& d, std::uint64_t seq) = 0;
+  // Each send of the batch meets its peer's recv of the same dtype, shape and per-peer seq, and
+  // each recv its peer's send (the buffers' descriptions only; no data moves).
+  virtual void same_p2p(std::span<const CollectiveCall> calls) = 0;
+};
+// REQUIRES: `c` is a threads or mpi communicator (Internal error otherwise).
+std::shared_ptr<CallCheck> call_check_of(const std::shared_ptr<Communicator>& c);
 
 class Job {
  public:

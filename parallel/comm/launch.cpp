@@ -256,6 +256,22 @@ int RankContext::world_size() const { return backend_->job().world_size(); }
 
 const char* RankContext::backend() const { return backend_->name(); }
 
+CallDesc call_desc(const CollectiveCall& c) {
+  CallDesc d{c.op, DType::F32, {}, c.reduce, c.root};
+  if (const Tensor* t = c.in ? c.in : c.out) {
+    d.dtype = t->dtype();
+    d.shape = t->shape();
+  }
+  return d;
+}
+
+std::shared_ptr<CallCheck> call_check_of(const std::shared_ptr<Communicator>& c) {
+  auto check = std::dynamic_pointer_cast<CallCheck>(c);
+  COMMTRACE_CHECK(check != nullptr, ErrorCode::Internal,
+                  "the {} backend's communicators cannot check calls", c->backend_name());
+  return check;
+}
+
 std::shared_ptr<Communicator> RankContext::new_group(const std::string& group,
                                                      const std::vector<int>& ranks) {
   return backend_->new_group(group, ranks, rank_);

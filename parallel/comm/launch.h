@@ -8,6 +8,8 @@
 //              waits time out. "fake" — records, moves no data, any world size and any subset
 //              of ranks (pairs with meta tensors). "mpi" — MPI between processes (builds with
 //              MPI); a mismatch, a throwing rank or a call past the timeout ends the job.
+//              "nccl" — one rank per GPU (builds with CUDA and NCCL), under either launcher;
+//              mismatches are caught before NCCL sees them, waits time out.
 #pragma once
 
 #include <functional>

@@ -248,7 +248,7 @@ struct WireDesc {
   bool operator==(const WireDesc& o) const { return std::memcmp(this, &o, sizeof(o)) == 0; }
 };
 
-class MpiCommunicator final : public Communicator {
+class MpiCommunicator final : public Communicator, public CallCheck {
  public:
   MpiCommunicator(const std::string& group, const std::vector<int>& ranks, int global_rank,
                   std::shared_ptr<MpiBackend> backend, MPI_Comm comm)
@@ -257,18 +257,64 @@ class MpiCommunicator final : public Communicator {
 
   const char* backend_name() const override { return "mpi"; }
 
+  void same_call(const CallDesc& d, std::uint64_t seq) override {
+    Watchdog::Scope scope(backend_->watchdog(), d, seq, group(), ranks());
+    check_same_call(d, seq);
+  }
+
+  // Each op trades descriptions with its peer: a send's goes out tagged kSendDesc and meets the
+  // peer's recv, whose description comes back tagged kRecvDesc (MPI keeps the order of messages
+  // with one tag between two ranks, so the k-th send to a peer meets its k-th recv).
+  void same_p2p(std::span<const CollectiveCall> calls) override {
+    Watchdog::Scope scope(backend_->watchdog(), call_desc(calls[0]), calls[0].seq, group(),
+                          ranks());
+    std::vector<WireDesc> mine(calls.size()), theirs(calls.size());
+    std::vector<MPI_Request> requests(2 * calls.size(), MPI_REQUEST_NULL);
+    int err = MPI_SUCCESS;
+    std::size_t posted = 0;
+    for (; posted < calls.size() && err == MPI_SUCCESS; ++posted) {
+      const CollectiveCall& c = calls[posted];
+      const bool send = c.op == Collective::Send;
+      mine[posted] = WireDesc::of(call_desc(c), c.seq);
+      err = MPI_Isend(&mine[posted], int(sizeof(WireDesc)), MPI_BYTE, c.peer,
+                      send ? kSendDesc : kRecvDesc, comm_, &requests[2 * posted]);
+      if (err == MPI_SUCCESS) {
+        err = MPI_Irecv(&theirs[posted], int(sizeof(WireDesc)), MPI_BYTE, c.peer,
+                        send ? kRecvDesc : kSendDesc, comm_, &requests[2 * posted + 1]);
+      }
+    }
+    if (err == MPI_SUCCESS) {
+      err = MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+    } else {  // finish what was posted, so no request outlives its buffer
+      MPI_Waitall(int(2 * posted), requests.data(), MPI_STATUSES_IGNORE);
+    }
+    check_mpi(err, "MPI_Waitall of the send/recv descriptions");
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      const bool send = calls[i].op == Collective::Send;
+      const WireDesc& s = send ? mine[i] : theirs[i];
+      const WireDesc& r = send ? theirs[i] : mine[i];
+      if (s.dtype == r.dtype && s.ndim == r.ndim && s.seq == r.seq &&
+          std::memcmp(s.shape, r.shape, sizeof s.shape) == 0) {
+        continue;
+      }
+      const int me = ranks()[std::size_t(rank())], peer = ranks()[std::size_t(calls[i].peer)];
+      const CallDesc sd = s.desc(), rd = r.desc();
+      throw Error(
+          ErrorCode::InvalidArgument,
+          fmt::format("send/recv mismatch on group '{}': rank {} sends {}{} at seq {}, "
+                      "rank {} receives {}{} at seq {}",
+                      group(), send ? me : peer, dtype_name(sd.dtype), shape_str(sd.shape), s.seq,
+                      send ? peer : me, dtype_name(rd.dtype), shape_str(rd.shape), r.seq));
+    }
+  }
+
  protected:
   bool supports_device(Device d) const override { return d == Device::CPU; }
 
   void run(const CollectiveCall& c) override {
     if (c.op == Collective::Send || c.op == Collective::Recv) return run_p2p({&c, 1});
     const Tensor* t = c.op == Collective::Barrier ? nullptr : (c.out ? c.out : c.in);
-    CallDesc d{c.op, DType::F32, {}, c.reduce, c.root};
-    if (t) {  // described by `in` (the threads backend's CallDesc), or `out` when in place
-      const Tensor& described = c.in ? *c.in : *t;
-      d.dtype = described.dtype();
-      d.shape = described.shape();
-    }
+    const CallDesc d = call_desc(c);
     Watchdog::Scope scope(backend_->watchdog(), d, c.seq, group(), ranks());
     check_same_call(d, c.seq);
     switch (c.op) {
@@ -351,6 +397,8 @@ class MpiCommunicator final : public Communicator {
 
  private:
   static constexpr std::uint64_t kTagRange = 32768;  // MPI guarantees tags up to 32767
+  // same_p2p's tags, on a communicator that a check owns (no data shares it).
+  static constexpr int kSendDesc = 1, kRecvDesc = 2;
 
   static void* data_of(const Tensor& t) { return t.raw_data(dtype_size(t.dtype())); }
 

@@ -12,11 +12,14 @@
 // the position in the group. A split is collective over the world, which holds because every
 // rank makes its groups in the same order (a DeviceMesh makes one group per dim on every rank).
 //
+// No silent desyncs: before a call is queued, the ranks of the group compare its description
+// (CallCheck) over a side channel, a threads backend for ranks in one process and an mpi backend
+// for one process per rank, so ranks that call different collectives (or sends that do not fit
+// their receives) fail naming both ranks and both calls, as on those backends. NCCL itself
+// would wait, or move the wrong bytes.
 // No hangs: after queueing a call the rank polls its stream until the work completed, the job
 // aborted (another rank failed) or the timeout passed; the last two abort the communicator
-// (ncclCommAbort), which ends its pending kernels, and fail the rank naming the call. Calls that
-// differ between ranks are not compared up front (NCCL would wait or move the wrong bytes): they
-// end as that timeout, naming this rank's call.
+// (ncclCommAbort), which ends its pending kernels, and fail the rank naming the call.
 #include <dlfcn.h>
 #include <nccl.h>
 
@@ -119,9 +122,10 @@ void* data_of(const Tensor& t) { return t.data_ptr(); }
 class NcclBackend final : public CommBackend, public std::enable_shared_from_this<NcclBackend> {
  public:
   NcclBackend(std::shared_ptr<Job> job, double timeout_s, bool one_process_per_rank)
-      : CommBackend(std::move(job), "nccl"),
+      : CommBackend(job, "nccl"),
         timeout_s_(timeout_s),
         per_process_(one_process_per_rank),
+        checks_(make_checks(std::move(job), timeout_s, one_process_per_rank)),
         worlds_(std::size_t(CommBackend::job().world_size()), nullptr) {}
   ~NcclBackend() override {
     for (ncclComm_t c : worlds_) {
@@ -152,6 +156,17 @@ class NcclBackend final : public CommBackend, public std::enable_shared_from_thi
                                                   int global_rank) override;
 
  private:
+  // The side channel of the calls' descriptions.
+  static std::shared_ptr<CommBackend> make_checks(std::shared_ptr<Job> job, double timeout_s,
+                                                  bool per_process) {
+    if (!per_process) return make_threads_backend(std::move(job), timeout_s);
+#ifdef COMMTRACE_HAVE_MPI
+    return mpi::make_backend(std::move(job), timeout_s);
+#else
+    return nullptr;  // world() refuses one process per rank without MPI
+#endif
+  }
+
   // This process's index among the processes of its machine (its GPU).
   static int local_rank() {
 #ifdef COMMTRACE_HAVE_MPI
@@ -194,6 +209,7 @@ class NcclBackend final : public CommBackend, public std::enable_shared_from_thi
 
   double timeout_s_;
   bool per_process_;
+  std::shared_ptr<CommBackend> checks_;
   std::once_flag init_;
   std::vector<ncclComm_t> worlds_;  // by global rank; this process's only, with one per process
 };
@@ -201,8 +217,12 @@ class NcclBackend final : public CommBackend, public std::enable_shared_from_thi
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const std::string& group, const std::vector<int>& ranks, int global_rank,
-                   std::shared_ptr<NcclBackend> backend, ncclComm_t comm)
-      : Communicator(group, ranks, global_rank), backend_(std::move(backend)), comm_(comm) {}
+                   std::shared_ptr<NcclBackend> backend, ncclComm_t comm,
+                   std::shared_ptr<CallCheck> check)
+      : Communicator(group, ranks, global_rank),
+        backend_(std::move(backend)),
+        comm_(comm),
+        check_(std::move(check)) {}
   ~NcclCommunicator() override {
     if (scratch_) cuda().deallocate(scratch_, sizeof(float), cuda().current_ordinal());
     if (comm_) (void)nccl().ncclCommDestroy(comm_);
@@ -214,6 +234,8 @@ class NcclCommunicator final : public Communicator {
   bool supports_device(Device d) const override { return d == Device::CUDA; }
 
   void run(const CollectiveCall& c) override {
+    if (c.op == Collective::Send || c.op == Collective::Recv) return run_p2p({&c, 1});
+    check_->same_call(call_desc(c), c.seq);
     const cudaStream_t s = rank_stream();
     const Tensor* t = c.out ? c.out : c.in;
     switch (c.op) {
@@ -269,13 +291,14 @@ class NcclCommunicator final : public Communicator {
         break;
       case Collective::Send:
       case Collective::Recv:
-        return run_p2p({&c, 1});
+        return;  // handled above
     }
     wait(c);
   }
 
   // The batch in one NCCL group: its sends and receives progress together.
   void run_p2p(std::span<const CollectiveCall> calls) override {
+    check_->same_p2p(calls);
     const cudaStream_t s = rank_stream();
     check_nccl(nccl().ncclGroupStart(), "ncclGroupStart");
     ncclResult_t r = ncclSuccess;
@@ -348,7 +371,8 @@ class NcclCommunicator final : public Communicator {
 
   std::shared_ptr<NcclBackend> backend_;
   ncclComm_t comm_;
-  void* scratch_ = nullptr;  // the barrier's element
+  std::shared_ptr<CallCheck> check_;  // the group's on the side channel
+  void* scratch_ = nullptr;           // the barrier's element
 };
 
 std::shared_ptr<Communicator> NcclBackend::make_communicator(const std::string& group,
@@ -357,9 +381,12 @@ std::shared_ptr<Communicator> NcclBackend::make_communicator(const std::string& 
   const ncclComm_t w = world(global_rank);
   int key = 0;
   while (ranks[std::size_t(key)] != global_rank) ++key;
+  // The check first: nothing is left to free when making it fails.
+  std::shared_ptr<CallCheck> check = call_check_of(checks_->new_group(group, ranks, global_rank));
   ncclComm_t comm = nullptr;
   check_nccl(nccl().ncclCommSplit(w, ranks.front(), key, &comm, nullptr), "ncclCommSplit");
-  return std::make_shared<NcclCommunicator>(group, ranks, global_rank, shared_from_this(), comm);
+  return std::make_shared<NcclCommunicator>(group, ranks, global_rank, shared_from_this(), comm,
+                                            std::move(check));
 }
 
 }  // namespace

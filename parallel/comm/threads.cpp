@@ -80,7 +80,7 @@ class ThreadsBackend final : public CommBackend,
   std::map<std::string, std::shared_ptr<GroupState>> groups_;  // by name + ranks
 };
 
-class ThreadsCommunicator final : public Communicator {
+class ThreadsCommunicator final : public Communicator, public CallCheck {
  public:
   ThreadsCommunicator(const std::string& group, const std::vector<int>& ranks, int global_rank,
                       std::shared_ptr<ThreadsBackend> backend, std::shared_ptr<GroupState> state)
@@ -90,6 +90,13 @@ class ThreadsCommunicator final : public Communicator {
         global_rank_(global_rank) {}
 
   const char* backend_name() const override { return "threads"; }
+
+  // The rendezvous of a collective and of a batch without their data steps.
+  void same_call(const CallDesc& d, std::uint64_t seq) override {
+    collective(kernels_for(Device::CPU), d, nullptr, nullptr, seq,
+               [](const std::vector<const void*>&, const std::vector<void*>&) {});
+  }
+  void same_p2p(std::span<const CollectiveCall> calls) override { p2p(calls, false); }
 
  protected:
   // Device buffers of one process are moved by that device's kernels (cuda: ranks share a GPU).
@@ -191,13 +198,17 @@ class ThreadsCommunicator final : public Communicator {
                [](const std::vector<const void*>&, const std::vector<void*>&) {});
   }
 
-  void run_p2p(std::span<const CollectiveCall> calls) override {
+  void run_p2p(std::span<const CollectiveCall> calls) override { p2p(calls, true); }
+
+  // with_data false: the sends post their descriptions only, so the receives compare them and
+  // copy nothing.
+  void p2p(std::span<const CollectiveCall> calls, bool with_data) {
     GroupState& g = *state_;
     std::vector<Posted> posted;  // reserved up front: the mailboxes point into it
     posted.reserve(calls.size());
     std::vector<int> posted_peer;
     for (const CollectiveCall& c : calls) {  // sent buffers are ready before a peer reads them
-      if (c.op == Collective::Send) kernels_for(c.in->device()).synchronize();
+      if (with_data && c.op == Collective::Send) kernels_for(c.in->device()).synchronize();
     }
     {
       std::lock_guard<std::mutex> lock(g.mu);
@@ -207,7 +218,7 @@ class ThreadsCommunicator final : public Communicator {
         p.seq = c.seq;
         p.dtype = c.in->dtype();
         p.shape = c.in->shape();
-        p.bytes = std::size_t(c.in->numel()) * dtype_size(p.dtype);
+        p.bytes = with_data ? std::size_t(c.in->numel()) * dtype_size(p.dtype) : 0;
         p.data = p.bytes ? data_of(*c.in) : nullptr;
         posted_peer.push_back(c.peer);
         g.mail[{rank(), c.peer}].push_back(&p);

@@ -7,6 +7,10 @@
 //   stall   the last rank sleeps instead of calling: the others time out after TIMEOUT_S and
 //           print their last collectives.
 //   exit    the last rank returns without calling: the others time out likewise.
+//   check   the call check (the nccl backend's side channel): equal calls and a send/recv ring
+//           pass and move no data; prints "mpi_check check: ok".
+//   check-desync  rank 1 describes a different all_reduce: a mismatch naming both.
+//   check-p2p     rank 1 receives 8 elements where rank 0 sends 4: a mismatch naming both.
 // Exit codes: 0 ok, 1 a wrong value (message on stderr), anything else from the job's abort.
 #include <algorithm>
 #include <chrono>
@@ -18,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "parallel/comm/backend.h"
 #include "parallel/comm/comm.h"
 #include "parallel/comm/launch.h"
 
@@ -106,6 +111,35 @@ void check_values(int rank, int world, Communicator& c) {
   expect(left.to_vector()[0] == double((rank + world - 1) % world + 1), "ring send/recv");
 }
 
+// One send to the right and one recv from the left, descriptions only: the recv keeps its values.
+void check_ring(int rank, int world, CallCheck& check, std::int64_t recv_n) {
+  Tensor mine = Tensor::full({4}, double(rank + 1)), left = Tensor::full({recv_n}, -1.0);
+  CollectiveCall calls[2];
+  calls[0].op = Collective::Send;
+  calls[0].in = &mine;
+  calls[0].peer = (rank + 1) % world;
+  calls[1].op = Collective::Recv;
+  calls[1].out = &left;
+  calls[1].peer = (rank + world - 1) % world;
+  check.same_p2p(calls);
+  expect(left.to_vector()[0] == -1.0, "a checked recv moved data");
+}
+
+void run_check(const std::string& scenario, int rank, int world, CallCheck& check) {
+  const CallDesc reduce4{Collective::AllReduce, DType::F32, {4}, ReduceOp::Sum, -1};
+  check.same_call(reduce4, 0);
+  if (scenario == "check") {
+    check.same_call(CallDesc{}, 1);
+    if (world > 1) check_ring(rank, world, check, 4);
+  } else if (scenario == "check-desync") {
+    CallDesc d = reduce4;
+    if (rank == 1) d.shape = {8};
+    check.same_call(d, 1);
+  } else if (scenario == "check-p2p") {
+    check_ring(rank, world, check, rank == 1 ? 8 : 4);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -126,6 +160,8 @@ int main(int argc, char** argv) {
           const int r = ctx.rank();
           Tensor t = Tensor::full({4}, 1.0);
           if (scenario == "values") return check_values(r, world, *c);
+          if (scenario.rfind("check", 0) == 0)
+            return run_check(scenario, r, world, *call_check_of(c));
           c->all_reduce(t, ReduceOp::Sum);  // seq 0 goes through on every rank
           if (scenario == "throw" && r == 1) {
             throw Error(ErrorCode::InvalidArgument, "rank 1 was told to throw");

@@ -2,7 +2,8 @@
 # mpi_faults.sh MPI_CHECK MPIRUN: the mpi backend under mpirun (oversubscribed): exact values of
 # every collective at world sizes 1-4, then the fault matrix at world 3 — a throwing rank, a
 # desync, a stalled rank and a rank that returns early must each end the job non-zero within
-# the timeout, with a message naming the ranks. Each mpirun is wrapped in its own timeout.
+# the timeout, with a message naming the ranks; then the call check (the nccl backend's side
+# channel). Each mpirun is wrapped in its own timeout.
 set -uo pipefail
 check="$1"
 mpirun="$2"
@@ -45,6 +46,16 @@ expect "a stalled rank" 3 nonzero \
 expect "the stalled rank's peers print their last collectives" 3 nonzero \
   "last collectives of rank [01] \\(oldest first\\):" stall 2
 expect "a rank that returns early" 3 nonzero "timed out after 2s in all_reduce" exit 2
+# The call check, the nccl backend's side channel under mpirun.
+for np in 1 3; do
+  expect "call check at world $np" "$np" 0 "mpi_check check: ok" check 20
+done
+expect "a call check desync" 3 nonzero \
+  "collective mismatch on group 'tp' seq 1: rank 0 called all_reduce\\(f32\\[4\\], sum\\), rank 1 called all_reduce\\(f32\\[8\\], sum\\)" \
+  check-desync 20
+expect "a call check send/recv mismatch" 3 nonzero \
+  "send/recv mismatch on group 'tp': rank 0 sends f32\\[4\\] at seq 0, rank 1 receives f32\\[8\\] at seq 0" \
+  check-p2p 20
 
 if [[ $fails != 0 ]]; then
   echo "mpi_faults.sh: $fails failed"

@@ -9,11 +9,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "parallel/comm/backend.h"
 #include "parallel/comm/comm.h"
 #include "parallel/comm/launch.h"
 #include "tests/catch_compat.h"
@@ -715,6 +717,66 @@ TEST_CASE("send/recv check that the shapes match", "[comm]") {
   REQUIRE(e.code() == ErrorCode::InvalidArgument);
   REQUIRE(std::string(e.what()) ==
           "send/recv mismatch on group 'tp' seq 0: rank 0 sent f32[4], rank 1 receives f32[8]");
+}
+
+// The side channel of the nccl backend (ranks in one process): the threads backend compares the
+// calls' descriptions and moves no data.
+TEST_CASE("a call check compares descriptions across the group and moves nothing", "[comm]") {
+  auto run_checks = [](const std::function<void(int, CallCheck&)>& fn) {
+    launch(2, [&](RankContext& ctx) {
+      fn(ctx.rank(), *call_check_of(ctx.new_group("tp", {0, 1})));
+    });
+  };
+  const CallDesc reduce4{Collective::AllReduce, DType::F32, {4}, ReduceOp::Sum, -1};
+  std::vector<double> received;
+  run_checks([&](int r, CallCheck& check) {
+    check.same_call(reduce4, 0);
+    check.same_call(CallDesc{}, 1);  // a barrier
+    Tensor t = Tensor::full({3}, double(r + 1));
+    CollectiveCall c;
+    c.op = r == 0 ? Collective::Send : Collective::Recv;
+    (r == 0 ? c.in : c.out) = &t;
+    c.peer = 1 - r;
+    check.same_p2p({&c, 1});
+    if (r == 1) received = t.to_vector();
+  });
+  REQUIRE(received == std::vector<double>{2, 2, 2});  // the receive kept its own values
+
+  const Error e = error_of([&] {
+    run_checks([&](int r, CallCheck& check) {
+      check.same_call(
+          r == 0 ? reduce4 : CallDesc{Collective::AllReduce, DType::F32, {8}, ReduceOp::Sum, -1},
+          0);
+    });
+  });
+  REQUIRE(e.code() == ErrorCode::InvalidArgument);
+  REQUIRE(std::string(e.what()) ==
+          "collective mismatch on group 'tp' seq 0: rank 0 called all_reduce(f32[4], sum), rank 1 "
+          "called all_reduce(f32[8], sum)");
+
+  const Error p = error_of([&] {
+    run_checks([&](int r, CallCheck& check) {
+      Tensor t = Tensor::zeros({r == 0 ? 4 : 8});
+      CollectiveCall c;
+      c.op = r == 0 ? Collective::Send : Collective::Recv;
+      (r == 0 ? c.in : c.out) = &t;
+      c.peer = 1 - r;
+      check.same_p2p({&c, 1});
+    });
+  });
+  REQUIRE(std::string(p.what()) ==
+          "send/recv mismatch on group 'tp' seq 0: rank 0 sent f32[4], rank 1 receives f32[8]");
+}
+
+TEST_CASE("only the threads and mpi communicators check calls", "[comm]") {
+  LaunchOptions fake;
+  fake.backend = "fake";
+  const Error e = error_of([&] {
+    launch(
+        1, [&](RankContext& ctx) { call_check_of(ctx.new_group("tp", {0})); }, fake);
+  });
+  REQUIRE(e.code() == ErrorCode::Internal);
+  REQUIRE(std::string(e.what()) == "the fake backend's communicators cannot check calls");
 }
 
 TEST_CASE("arguments are checked before a collective is numbered or recorded", "[comm]") {
