@@ -47,14 +47,14 @@ for cfg in "toy tp" "toy sp" "mlp tp" "mlp sp" "mlp-stacked tp" "transformer tp"
     np="${world%% *}"
     runs=$((runs + 1))
     # shellcheck disable=SC2086
-    if ! out="$(timeout 120 "$mpirun" -np "$np" "$ct" verify --backend mpi --model "$1" --plan "$2" \
+    if ! out="$(timeout -k 5 120 "$mpirun" -np "$np" "$ct" verify --backend mpi --model "$1" --plan "$2" \
       --world-size $world 2>&1)" || ! grep -q '^PASS' <<<"$out"; then
       fail "mpirun -np $np verify --backend mpi --model $1 --plan $2 --world-size $world"
       echo "$out"
       continue
     fi
     # shellcheck disable=SC2086
-    if ! timeout 120 "$mpirun" -np "$np" "$ct" run --backend mpi --model "$1" --plan "$2" \
+    if ! timeout -k 5 120 "$mpirun" -np "$np" "$ct" run --backend mpi --model "$1" --plan "$2" \
       --world-size $world --rank all --iters 2 --json "$dir/mpi.json" >"$dir/out" 2>&1; then
       fail "mpirun -np $np run --backend mpi --model $1 --plan $2 --world-size $world"
       cat "$dir/out"

@@ -172,7 +172,9 @@ int main(int argc, char** argv) {
             return;
           }
           if ((scenario == "stall" || scenario == "exit") && r == world - 1) {
-            if (scenario == "stall") std::this_thread::sleep_for(std::chrono::seconds(600));
+            // Long past the peers' timeout, short enough that a rank orphaned by a killed
+            // mpirun does not outlive the test.
+            if (scenario == "stall") std::this_thread::sleep_for(std::chrono::seconds(60));
             return;
           }
           c->all_reduce(t, ReduceOp::Sum);

@@ -16,7 +16,8 @@ expect() {
   local name="$1" np="$2" rc_want="$3" regex="$4"
   shift 4
   local out rc
-  out="$(timeout 60 "$mpirun" -np "$np" "$check" "$@" 2>&1)"
+  # -k: an mpirun that does not end on SIGTERM is killed, so no run outlasts its limit.
+  out="$(timeout -k 5 60 "$mpirun" -np "$np" "$check" "$@" 2>&1)"
   rc=$?
   if [[ $rc == 124 ]]; then
     echo "FAIL $name: hung (killed after 60 s)"
