@@ -355,16 +355,14 @@ class MpiCommunicator final : public Communicator, public CallCheck {
     auto buffer = [](const CollectiveCall& c) -> const Tensor& {
       return *(c.op == Collective::Send ? c.in : c.out);
     };
-    const CallDesc first{calls[0].op, buffer(calls[0]).dtype(), buffer(calls[0]).shape(),
-                         ReduceOp::None, -1};
-    Watchdog::Scope scope(backend_->watchdog(), first, calls[0].seq, group(), ranks());
+    Watchdog::Scope scope(backend_->watchdog(), call_desc(calls[0]), calls[0].seq, group(),
+                          ranks());
     int err = MPI_SUCCESS;
     std::size_t posted = 0;
     for (; posted < calls.size() && err == MPI_SUCCESS; ++posted) {
       const CollectiveCall& c = calls[posted];
       const Tensor& t = buffer(c);
-      const CallDesc d{c.op, t.dtype(), t.shape(), ReduceOp::None, -1};
-      const int n = count_of(t.numel(), d);
+      const int n = count_of(t.numel(), call_desc(c));
       const MPI_Datatype ty = element_type(dtype_size(t.dtype()));
       const int tag = int(c.seq % kTagRange);
       err = c.op == Collective::Send
