@@ -342,7 +342,7 @@ TEST_CASE("context parallel: clear errors", "[context]") {
   }
 }
 
-TEST_CASE("context parallel: the report shows a ring as its steps; every send meets its recv",
+TEST_CASE("context parallel: the report shows a ring as its steps, and every send meets its recv",
           "[context]") {
   TraceOptions o;
   o.cfg = cp_config("transformer", 4);

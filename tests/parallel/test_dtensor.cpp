@@ -267,7 +267,7 @@ TEST_CASE("from_local backward all-reduces a Partial gradient of a Replicate inp
   }
 }
 
-TEST_CASE("from_local infers even global shapes; wrap checks the local shape", "[dtensor]") {
+TEST_CASE("from_local infers even global shapes, and wrap checks the local shape", "[dtensor]") {
   std::vector<Shape> shapes(3);
   std::vector<std::string> errors(3);
   launch(3, [&](RankContext& ctx) {

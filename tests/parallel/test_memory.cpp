@@ -79,7 +79,8 @@ TEST_CASE("memory: the toy model at TP 4, by hand", "[memory]") {
   CHECK(back.memory_peak == t.memory_peak);
 }
 
-TEST_CASE("memory: SP saves activations over TP; meta gives the cpu run's figures", "[memory]") {
+TEST_CASE("memory: SP saves activations over TP, and meta gives the cpu run's figures",
+          "[memory]") {
   const Trace tp = traced("transformer", "tp", 4), sp = traced("transformer", "sp", 4);
   CHECK(memory_total(sp).params == memory_total(tp).params);
   CHECK(memory_total(sp).activations < memory_total(tp).activations);

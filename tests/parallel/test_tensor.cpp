@@ -138,7 +138,7 @@ TEST_CASE("views share storage", "[tensor]") {
   REQUIRE_THROWS_AS(view(x, {4, -1}), Error);
 }
 
-TEST_CASE("storage keeps its device ordinal and stream slot; a bad ordinal is refused",
+TEST_CASE("storage keeps its device ordinal and stream slot, and a bad ordinal is refused",
           "[tensor]") {
   Storage s(64, Device::CPU);
   REQUIRE(s.ordinal() == 0);
