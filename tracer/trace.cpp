@@ -198,6 +198,8 @@ std::vector<std::string_view> split_items(std::string_view s, std::string_view w
                       what, s);
     } else if (c == ',' && depth == 0) {
       items.push_back(trim(s.substr(start, i - start)));
+      COMMTRACE_CHECK(!items.back().empty(), ErrorCode::InvalidArgument, "{} '{}': empty item",
+                      what, s);
       start = i + 1;
     }
   }
@@ -239,8 +241,11 @@ void list_shape(std::string_view s, std::vector<int>& shape, std::size_t level) 
   if (shape.size() == level) shape.push_back(int(items.size()));
   COMMTRACE_CHECK(shape[level] == int(items.size()), ErrorCode::InvalidArgument,
                   "device mesh ranks '{}' are not rectangular", s);
-  if (!items.empty() && (items[0].front() == '[' || items[0].front() == '(')) {
-    for (std::string_view item : items) list_shape(item, shape, level + 1);
+  const auto is_list = [](std::string_view item) { return item[0] == '[' || item[0] == '('; };
+  for (std::string_view item : items) {  // split_items gives no empty item
+    COMMTRACE_CHECK(is_list(item) == is_list(items[0]), ErrorCode::InvalidArgument,
+                    "device mesh ranks '{}' are not rectangular", s);
+    if (is_list(item)) list_shape(item, shape, level + 1);
   }
 }
 

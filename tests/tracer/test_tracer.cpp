@@ -125,7 +125,7 @@ TEST_CASE("phases and attribution scopes stamp records", "[tracer]") {
   REQUIRE(r[2].module == 0);
 }
 
-TEST_CASE("activation nests and restores; no tracer means no recording", "[tracer]") {
+TEST_CASE("activation nests and restores, and no tracer means no recording", "[tracer]") {
   REQUIRE(Tracer::current() == nullptr);
   {
     ModuleScope idle("M", "T");  // harmless without a tracer
@@ -502,4 +502,8 @@ TEST_CASE("placements and meshes render as PyTorch and parse back", "[tracer]") 
           MeshInfo{{2, 2}, {"a", "b"}, true, Device::CPU});
   REQUIRE_THROWS_AS(parse_mesh_str("DeviceMesh((4,)"), Error);
   REQUIRE_THROWS_AS(parse_mesh_str("Mesh((4,), 'cpu')"), Error);
+  REQUIRE_THROWS_AS(parse_mesh_str("DeviceMesh((4,,2), 'cpu')"), Error);  // an empty item
+  REQUIRE_THROWS_AS(parse_mesh_str("DeviceMesh('cpu', [, 1])"), Error);
+  REQUIRE_THROWS_AS(parse_mesh_str("DeviceMesh('cpu', [0, [1, 2]])"), Error);  // ragged
+  REQUIRE_THROWS_AS(parse_mesh_str("DeviceMesh('cpu', [[0, 1], [2]])"), Error);
 }
