@@ -235,18 +235,22 @@ std::string unquote(std::string_view s, std::string_view what) {
   return std::string(s.substr(1, s.size() - 2));
 }
 
-// The shape of a nested list of ranks: [[0, 1], [2, 3]] is (2, 2).
-void list_shape(std::string_view s, std::vector<int>& shape, std::size_t level) {
+// The shape of a nested list of ranks: [[0, 1], [2, 3]] is (2, 2). Returns the depth of the
+// leaves, which every sibling must share (split_items gives no empty item).
+std::size_t list_shape(std::string_view s, std::vector<int>& shape, std::size_t level) {
   const auto items = unwrap(s, "device mesh ranks");
   if (shape.size() == level) shape.push_back(int(items.size()));
   COMMTRACE_CHECK(shape[level] == int(items.size()), ErrorCode::InvalidArgument,
                   "device mesh ranks '{}' are not rectangular", s);
-  const auto is_list = [](std::string_view item) { return item[0] == '[' || item[0] == '('; };
-  for (std::string_view item : items) {  // split_items gives no empty item
-    COMMTRACE_CHECK(is_list(item) == is_list(items[0]), ErrorCode::InvalidArgument,
+  std::size_t depth = level + 1;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const bool nested = items[i][0] == '[' || items[i][0] == '(';
+    const std::size_t d = nested ? list_shape(items[i], shape, level + 1) : level + 1;
+    if (i == 0) depth = d;
+    COMMTRACE_CHECK(d == depth, ErrorCode::InvalidArgument,
                     "device mesh ranks '{}' are not rectangular", s);
-    if (is_list(item)) list_shape(item, shape, level + 1);
   }
+  return depth;
 }
 
 }  // namespace

@@ -506,4 +506,5 @@ TEST_CASE("placements and meshes render as PyTorch and parse back", "[tracer]") 
   REQUIRE_THROWS_AS(parse_mesh_str("DeviceMesh('cpu', [, 1])"), Error);
   REQUIRE_THROWS_AS(parse_mesh_str("DeviceMesh('cpu', [0, [1, 2]])"), Error);  // ragged
   REQUIRE_THROWS_AS(parse_mesh_str("DeviceMesh('cpu', [[0, 1], [2]])"), Error);
+  REQUIRE_THROWS_AS(parse_mesh_str("DeviceMesh('cpu', [[0, 1], [[2], [3]]])"), Error);
 }
