@@ -16,7 +16,6 @@
 namespace commtrace {
 
 namespace {
-thread_local Tracer* g_current = nullptr;
 std::atomic<std::uint32_t> g_next_tracer_id{1};  // 0 marks an empty shape cache
 
 std::uint16_t arg_count(std::size_t n, const char* what) {
@@ -32,8 +31,6 @@ Tracer::Tracer(int rank) : id_(g_next_tracer_id.fetch_add(1, std::memory_order_r
   trace_.args.reserve(4096);
   trace_.blocks.push_back(Block{0, 0, 0, 1});
 }
-
-Tracer* Tracer::current() { return g_current; }
 
 int Tracer::enter_module(std::string_view fqn, std::string_view type) {
   const int parent = stack_.back();
@@ -86,8 +83,6 @@ void Tracer::set_params(int module,
     out.push_back(ParamInfo{name, trace_.pools.intern_placements(placements)});
   }
 }
-
-std::uint64_t Tracer::now() const { return clock_.now(); }
 
 COMMTRACE_HOT StrId Tracer::intern_static(const char* s) {
   StaticSlot& slot = static_cache_[(reinterpret_cast<std::uintptr_t>(s) >> 3) & 255];
@@ -145,6 +140,7 @@ COMMTRACE_HOT bool Tracer::arg_matches(const ArgView& a, const TensorArg& t) {
                        : !shape_matches(a.global, a.global_cache, t.global_shape)) {
     return false;
   }
+  if (t.placements == 0) return a.placements.empty();  // a plain tensor: no table lookup
   const auto p = trace_.pools.placements(t.placements);
   return std::equal(p.begin(), p.end(), a.placements.begin(), a.placements.end());
 }
@@ -223,8 +219,16 @@ std::uint32_t Tracer::store(const EventView& e, const CollectiveView* c, std::ui
     const Block& prev = trace_.blocks[trace_.blocks.size() - 2];
     const std::size_t pos = pending_.size();
     if (pos < prev.count && matches(e, c, trace_.records[prev.first + pos])) {
-      const bool seen = !e.outputs.empty() || trace_.records[prev.first + pos].n_outputs == 0;
+      const Record& r = trace_.records[prev.first + pos];
+      const bool seen = !e.outputs.empty() || r.n_outputs == 0;
       pending_.push_back(Pending{start, 0, c ? c->seq : 0, seen});
+      // The next event is compared with the next record: fetch it (and the arguments that
+      // usually follow this record's) while the op runs, so the compare finds them in cache.
+      if (pos + 1 < prev.count) {
+        const char* next = reinterpret_cast<const char*>(&r + 1);
+        for (std::size_t off = 0; off < sizeof(Record); off += 64) __builtin_prefetch(next + off);
+        __builtin_prefetch(trace_.args.data() + r.outputs_begin + r.n_outputs);
+      }
       return std::uint32_t(trace_.records.size() + pos);
     }
     materialize();
@@ -424,10 +428,12 @@ void DeviceTiming::end(Tracer& tracer, std::uint32_t index) {
   timer_ = nullptr;
 }
 
-TracerActivation::TracerActivation(Tracer& t) : previous_(g_current) { g_current = &t; }
-TracerActivation::~TracerActivation() { g_current = previous_; }
+TracerActivation::TracerActivation(Tracer& t) : previous_(Tracer::current_) {
+  Tracer::current_ = &t;
+}
+TracerActivation::~TracerActivation() { Tracer::current_ = previous_; }
 
-ModuleScope::ModuleScope(std::string_view fqn, std::string_view type) : tracer_(g_current) {
+ModuleScope::ModuleScope(std::string_view fqn, std::string_view type) : tracer_(Tracer::current()) {
   if (tracer_) module_ = tracer_->enter_module(fqn, type);
 }
 ModuleScope::~ModuleScope() {
@@ -435,7 +441,7 @@ ModuleScope::~ModuleScope() {
 }
 
 AttributionScope::AttributionScope(const Tracer* owner, int module, Phase phase)
-    : tracer_(g_current) {
+    : tracer_(Tracer::current()) {
   if (!tracer_) return;
   tracer_->push_module(owner == tracer_ && module >= 0 ? module : 0);
   previous_phase_ = tracer_->phase();
@@ -447,7 +453,7 @@ AttributionScope::~AttributionScope() {
   tracer_->exit_module();
 }
 
-PhaseScope::PhaseScope(Phase p) : tracer_(g_current) {
+PhaseScope::PhaseScope(Phase p) : tracer_(Tracer::current()) {
   if (!tracer_) return;
   previous_ = tracer_->phase();
   tracer_->set_phase(p);

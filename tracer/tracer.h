@@ -53,6 +53,22 @@ struct ArgView {
   const ShapeCache* global_cache = nullptr;
 };
 
+// At most N argument views, built in place: the slots are not initialized until pushed (an
+// op's recording site fills only the few it has).
+template <std::size_t N>
+class ArgViewList {
+ public:
+  ArgViewList() {}  // NOLINT: the union's slots are written before they are read
+  void push(const ArgView& v) { items_[n_++] = v; }
+  std::span<const ArgView> views() const { return {items_, n_}; }
+
+ private:
+  union {
+    ArgView items_[N];
+  };
+  std::size_t n_ = 0;
+};
+
 // One event to record. name and overload are static strings (interned by address); reason is
 // copied when it is not already known.
 struct EventView {
@@ -85,7 +101,7 @@ class Tracer {
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;
 
-  static Tracer* current();  // null when no tracer is active on this thread
+  static Tracer* current() { return current_; }  // null when no tracer is active on this thread
 
   // Module scopes: entering finds or creates the child `fqn` of the current module.
   int enter_module(std::string_view fqn, std::string_view type);
@@ -103,7 +119,7 @@ class Tracer {
   void set_params(int module, std::span<const std::pair<std::string, std::vector<Placement>>> ps);
 
   // The clock of the records: ticks since the tracer began (cheap; converted by take()).
-  std::uint64_t now() const;
+  std::uint64_t now() const { return clock_.now(); }
 
   // Records an event that ran from `start` (a now() value) until now; returns its index.
   std::uint32_t record(const EventView& e, std::uint64_t start);
@@ -168,6 +184,9 @@ class Tracer {
     StrId id = 0;
   };
   std::array<StaticSlot, 256> static_cache_{};
+
+  friend class TracerActivation;
+  static inline thread_local Tracer* current_ = nullptr;  // set by TracerActivation
 
   std::uint32_t id_;  // unique per tracer and trace: the key of the tensors' shape caches
   Trace trace_;

@@ -166,8 +166,7 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
       run_local(op, std::span<const Tensor>(locals.data(), in.size()), a, local.data(), &info);
 
   OpOutputs out;
-  std::array<ArgView, kMaxOpOutputs> results{};
-  std::size_t n_results = 0;
+  ArgViewList<kMaxOpOutputs> results;
   for (int o = 0; o < op.n_outputs; ++o) {
     const Tensor& shard = shards[std::size_t(o)];
     if (!shard.defined()) continue;
@@ -175,12 +174,13 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
     out[std::size_t(o)] =
         wrap_dtensor(shard, mesh, Placements(placements.begin(), placements.end()),
                      global[std::size_t(o)].shape);
-    results[n_results++] =
-        ArgView{shard.shape(), global[std::size_t(o)].shape, placements, &shard.impl()->trace_shape,
-                &out[std::size_t(o)].impl()->trace_shape};
+    if (tracer) {
+      results.push(ArgView{shard.shape(), global[std::size_t(o)].shape, placements,
+                           &shard.impl()->trace_shape, &out[std::size_t(o)].impl()->trace_shape});
+    }
   }
   if (tracer) {
-    tracer->add_outputs(record, {results.data(), n_results});
+    tracer->add_outputs(record, results.views());
     tracer->finish(record);
   }
   return out;

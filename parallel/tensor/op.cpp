@@ -125,11 +125,10 @@ OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& 
     const RecordedArgs args(in, a.transposed, [](const Tensor& t) {
       return ArgView{t.shape(), {}, {}, &t.impl()->trace_shape};
     });
-    std::array<ArgView, kMaxOpOutputs> results{};
-    std::size_t n_results = 0;
+    ArgViewList<kMaxOpOutputs> results;
     for (int i = 0; i < op.n_outputs; ++i) {
       const Tensor& o = out[std::size_t(i)];
-      if (o.defined()) results[n_results++] = ArgView{o.shape(), {}, {}, &o.impl()->trace_shape};
+      if (o.defined()) results.push(ArgView{o.shape(), {}, {}, &o.impl()->trace_shape});
     }
     EventView e;
     e.kind = op.kind;
@@ -137,7 +136,7 @@ OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& 
     e.overload = op.overload;
     e.dtype = first->dtype();
     e.inputs = args.views();
-    e.outputs = {results.data(), n_results};
+    e.outputs = results.views();
     timing.end(*tracer, tracer->record(e, start));
   }
   return out;
