@@ -140,24 +140,28 @@ class RecordedArgs {
  public:
   template <class View>
   RecordedArgs(std::span<const Tensor> in, std::uint32_t transposed, View&& view) {
-    ArgView* out = inline_.items;
-    if (in.size() > std::size(inline_.items)) {
-      heap_.resize(in.size());
-      out = heap_.data();
-    }
+    const bool on_heap = in.size() > kInline;
+    if (on_heap) heap_.reserve(in.size());
     for (std::size_t k = 0; k < in.size(); ++k) {
       const Tensor& t = in[k];
       if (!t.defined()) continue;
       const ArgView v = view(t);
-      out[n_++] = k < 32 && ((transposed >> k) & 1u) && v.shape.size() >= 2 ? swapped(v) : v;
+      const ArgView w = k < 32 && ((transposed >> k) & 1u) && v.shape.size() >= 2 ? swapped(v) : v;
+      if (on_heap) {
+        heap_.push_back(w);
+      } else {
+        inline_.push(w);
+      }
     }
-    views_ = out;
   }
   RecordedArgs(const RecordedArgs&) = delete;
   RecordedArgs& operator=(const RecordedArgs&) = delete;
-  std::span<const ArgView> views() const { return {views_, n_}; }
+  std::span<const ArgView> views() const {
+    return heap_.empty() ? inline_.views() : std::span<const ArgView>(heap_);
+  }
 
  private:
+  static constexpr std::size_t kInline = 8;
   static constexpr std::size_t kMaxDims = 8;
   struct Swapped {
     std::int64_t shape[kMaxDims], global[kMaxDims];
@@ -165,19 +169,14 @@ class RecordedArgs {
   };
   ArgView swapped(const ArgView& v);  // into the next free Swapped; a GEMM has at most 3
 
-  // Unions leave the slots unconstructed: only those written are read (all trivially
+  ArgViewList<kInline> inline_;
+  // A union leaves the slots unconstructed: only those written are read (all trivially
   // destructible).
-  union Views {
-    Views() {}
-    ArgView items[8];
-  } inline_;
   union Swaps {
     Swaps() {}
     Swapped items[3];
   } swapped_;
-  std::vector<ArgView> heap_;
-  const ArgView* views_ = nullptr;
-  std::size_t n_ = 0;
+  std::vector<ArgView> heap_;  // past kInline inputs
   std::size_t n_swapped_ = 0;
 };
 

@@ -7,6 +7,7 @@
 
 #include "kernels/backend.h"
 #include "parallel/tensor/autograd.h"
+#include "parallel/tensor/op.h"
 #include "parallel/tensor/ops.h"
 #include "parallel/tensor/tensor.h"
 #include "tests/catch_compat.h"
@@ -219,4 +220,24 @@ TEST_CASE("GradReadyRecorder lists leaves as their gradients become final", "[au
   // Outside the scope nothing is recorded.
   sum(mul(w2, x)).backward();
   REQUIRE(order.size() == 2);
+}
+
+TEST_CASE("recorded args list the defined inputs in order, inline and past 8 inputs", "[tensor]") {
+  auto plain = [](const Tensor& t) { return ArgView{t.shape(), {}, {}, nullptr}; };
+  for (const std::size_t n : {std::size_t(3), std::size_t(11)}) {
+    std::vector<Tensor> in;
+    for (std::size_t k = 0; k < n; ++k) {
+      // Every third input undefined; the others of shape (k + 1, 2).
+      in.push_back(k % 3 == 1 ? Tensor() : Tensor::zeros({std::int64_t(k) + 1, 2}));
+    }
+    const RecordedArgs args(in, /*transposed=*/1u, plain);  // input 0 shown as its transpose
+    std::vector<std::vector<std::int64_t>> shapes;
+    for (const ArgView& v : args.views()) shapes.emplace_back(v.shape.begin(), v.shape.end());
+    std::vector<std::vector<std::int64_t>> want{{2, 1}};
+    for (std::size_t k = 1; k < n; ++k) {
+      if (k % 3 != 1) want.push_back({std::int64_t(k) + 1, 2});
+    }
+    INFO("inputs: " << n);
+    REQUIRE(shapes == want);
+  }
 }
