@@ -16,9 +16,9 @@
 namespace commtrace {
 
 namespace {
-std::atomic<std::uint32_t> g_next_tracer_id{1};  // 0 marks an empty shape cache
+std::atomic<std::uint32_t> g_next_tracer_id{1};  // 0 marks an empty slot
 
-std::uint16_t arg_count(std::size_t n, const char* what) {
+COMMTRACE_HOT std::uint16_t arg_count(std::size_t n, const char* what) {
   COMMTRACE_CHECK(n <= 0xffff, ErrorCode::Internal, "tracer: {} {} arguments in one record", n,
                   what);
   return std::uint16_t(n);
@@ -28,6 +28,7 @@ std::uint16_t arg_count(std::size_t n, const char* what) {
 Tracer::Tracer(int rank) : id_(g_next_tracer_id.fetch_add(1, std::memory_order_relaxed)) {
   trace_.rank = rank;
   trace_.records.reserve(1024);
+  sources_.reserve(1024);
   trace_.args.reserve(4096);
   trace_.blocks.push_back(Block{0, 0, 0, 1});
 }
@@ -93,82 +94,103 @@ COMMTRACE_HOT StrId Tracer::intern_static(const char* s) {
   return it->second;
 }
 
-ShapeId Tracer::intern_shape(std::span<const std::int64_t> dims, const ShapeCache* cache) {
-  ShapeId id = 0;
-  if (cache && cache->get(id_, id)) return id;
-  id = trace_.pools.intern_shape(dims);
-  if (cache) cache->set(id_, id);
-  return id;
-}
-
-TensorArg Tracer::intern_arg(const ArgView& a) {
+// A view's argument, its ids taken from the slots where they hold one for this tracer.
+void Tracer::push_arg(const ArgView& a) {
+  std::uint32_t q = 0;
   TensorArg t;
-  t.shape = intern_shape(a.shape, a.shape_cache);
-  t.global_shape = a.global.empty() ? t.shape : intern_shape(a.global, a.global_cache);
-  t.placements = trace_.pools.intern_placements(a.placements);
-  return t;
+  if (a.slot && a.slot->get(id_, q)) {
+    t = trace_.args[q];
+  } else {
+    t.shape = a.shape_slot && a.shape_slot->get(id_, q) ? trace_.args[q].shape
+                                                        : trace_.pools.intern_shape(a.shape);
+    t.global_shape = a.global.empty() ? t.shape : trace_.pools.intern_shape(a.global);
+    t.placements = trace_.pools.intern_placements(a.placements);
+    if (a.slot) a.slot->set(id_, std::uint32_t(trace_.args.size()));
+  }
+  trace_.args.push_back(t);
 }
 
 MeshId Tracer::intern_mesh(const MeshInfo& m, std::uint64_t key) {
   if (key == 0) return trace_.pools.intern_mesh(m);
-  for (const auto& [k, id] : mesh_keys_) {
-    if (k == key) return id;
+  auto it = std::find_if(mesh_keys_.begin(), mesh_keys_.end(),
+                         [&](const auto& k) { return k.first == key; });
+  if (it == mesh_keys_.end()) {
+    mesh_keys_.emplace_back(key, trace_.pools.intern_mesh(m));
+    it = mesh_keys_.end() - 1;
   }
-  const MeshId id = trace_.pools.intern_mesh(m);
-  mesh_keys_.emplace_back(key, id);
-  return id;
+  last_mesh_ = *it;
+  return it->second;
 }
 
-COMMTRACE_HOT bool Tracer::shape_matches(std::span<const std::int64_t> dims,
-                                         const ShapeCache* cache, ShapeId id) {
-  ShapeId cached = 0;
-  if (cache && cache->get(id_, cached)) return cached == id;
+COMMTRACE_HOT MeshId Tracer::mesh_id(const MeshInfo& m, std::uint64_t key) {
+  return key != 0 && key == last_mesh_.first ? last_mesh_.second : intern_mesh(m, key);
+}
+
+COMMTRACE_HOT bool Tracer::dims_equal(std::span<const std::int64_t> dims, ShapeId id) const {
   const auto s = trace_.pools.shape(id);
   if (s.size() != dims.size()) return false;
   for (std::size_t i = 0; i < s.size(); ++i) {  // a loop: shapes are short, memcmp is a call
     if (s[i] != dims[i]) return false;
   }
-  if (cache) cache->set(id_, id);
   return true;
 }
 
-// intern_arg's ids without interning: equal dims have equal ids, so a global shape equal to the
-// shape matches the shape's id whichever way the view gives it.
-COMMTRACE_HOT bool Tracer::arg_matches(const ArgView& a, const TensorArg& t) {
-  if (!shape_matches(a.shape, a.shape_cache, t.shape)) return false;
-  if (a.global.empty() ? t.global_shape != t.shape
-                       : !shape_matches(a.global, a.global_cache, t.global_shape)) {
+// Stored argument `index` describes view `a`, found without interning: a slot holding this
+// tracer's argument is one compare of ids (equal dims have equal ids, so a global shape equal to
+// the shape matches the shape's id whichever way the view gives it). A match fills the slot.
+COMMTRACE_HOT bool Tracer::arg_matches(const ArgView& a, std::uint32_t index) {
+  const TensorArg* args = trace_.args.data();
+  const TensorArg& t = args[index];
+  std::uint32_t q = 0;
+  if (a.slot && a.slot->get(id_, q)) return q == index || args[q] == t;
+  if (a.shape_slot && a.shape_slot != a.slot && a.shape_slot->get(id_, q)) {
+    if (args[q].shape != t.shape) return false;
+  } else if (!dims_equal(a.shape, t.shape)) {
     return false;
   }
-  if (t.placements == 0) return a.placements.empty();  // a plain tensor: no table lookup
-  const auto p = trace_.pools.placements(t.placements);
-  return std::equal(p.begin(), p.end(), a.placements.begin(), a.placements.end());
+  if (a.global.empty() ? t.global_shape != t.shape : !dims_equal(a.global, t.global_shape)) {
+    return false;
+  }
+  if (t.placements == 0) {  // a plain tensor: no table lookup
+    if (!a.placements.empty()) return false;
+  } else {
+    const auto p = trace_.pools.placements(t.placements);
+    if (!std::equal(p.begin(), p.end(), a.placements.begin(), a.placements.end())) return false;
+  }
+  if (a.slot) a.slot->set(id_, index);
+  return true;
 }
 
 bool Tracer::outputs_match(std::span<const ArgView> outputs, const Record& r) {
   if (outputs.size() != r.n_outputs) return false;
-  const TensorArg* t = trace_.args.data() + r.outputs_begin;
   for (std::size_t i = 0; i < outputs.size(); ++i) {
-    if (!arg_matches(outputs[i], t[i])) return false;
+    if (!arg_matches(outputs[i], r.outputs_begin + std::uint32_t(i))) return false;
   }
   return true;
 }
 
-// Everything same_event compares, read from the view instead of a stored record.
-bool Tracer::matches(const EventView& e, const CollectiveView* c, const Record& r) {
+// Everything same_event compares, read from the view instead of the stored record `index`.
+// Names and meshes are compared by address (the view's pointer, the mesh's key) before by id.
+COMMTRACE_HOT bool Tracer::matches(const EventView& e, const CollectiveView* c,
+                                   std::uint32_t index) {
+  const Record& r = trace_.records[index];
+  const Source& s = sources_[index];
   if (r.kind != e.kind || r.phase != phase_ || r.dtype != e.dtype || r.sharded != e.sharded ||
       r.module != std::uint32_t(stack_.back()) || r.n_inputs != e.inputs.size() ||
-      r.name != intern_static(e.name) || r.overload != intern_static(e.overload) ||
+      (s.name != e.name && r.name != intern_static(e.name)) ||
+      (s.overload != e.overload && r.overload != intern_static(e.overload)) ||
       (e.reason.empty() ? r.reason != 0 : trace_.pools.str(r.reason) != e.reason) ||
-      r.mesh != (e.mesh ? intern_mesh(*e.mesh, e.mesh_key) : kNoMesh) ||
+      (e.mesh
+           ? (e.mesh_key == 0 || e.mesh_key != s.mesh_key) && r.mesh != mesh_id(*e.mesh, e.mesh_key)
+           : r.mesh != kNoMesh) ||
       (r.kind == EventKind::Collective) != (c != nullptr)) {
     return false;
   }
   if (c) {
     const CollectiveInfo& ci = r.collective;
     auto same = [&](PlacementsId id, std::span<const Placement> p) {
-      const auto s = trace_.pools.placements(id);
-      return std::equal(s.begin(), s.end(), p.begin(), p.end());
+      const auto l = trace_.pools.placements(id);
+      return std::equal(l.begin(), l.end(), p.begin(), p.end());
     };
     if (ci.op != c->op || ci.reduce_op != c->reduce_op || ci.group_size != c->group_size ||
         ci.group_rank != c->group_rank || ci.peer != c->peer || ci.root != c->root ||
@@ -177,9 +199,8 @@ bool Tracer::matches(const EventView& e, const CollectiveView* c, const Record& 
       return false;
     }
   }
-  const TensorArg* t = trace_.args.data() + r.inputs_begin;
   for (std::size_t i = 0; i < e.inputs.size(); ++i) {
-    if (!arg_matches(e.inputs[i], t[i])) return false;
+    if (!arg_matches(e.inputs[i], r.inputs_begin + std::uint32_t(i))) return false;
   }
   return e.outputs.empty() || outputs_match(e.outputs, r);
 }
@@ -189,9 +210,10 @@ bool Tracer::matches(const EventView& e, const CollectiveView* c, const Record& 
 void Tracer::materialize() {
   speculating_ = false;
   std::vector<Record>& rs = trace_.records;
-  const Block& prev = trace_.blocks[trace_.blocks.size() - 2];
-  rs.reserve(rs.size() + pending_.size());
-  for (std::size_t i = 0; i < pending_.size(); ++i) {
+  const Block& prev = prev_;
+  rs.reserve(rs.size() + n_pending_);
+  sources_.reserve(rs.capacity());
+  for (std::size_t i = 0; i < n_pending_; ++i) {
     Record r = rs[prev.first + i];
     const Pending& p = pending_[i];
     auto copy_args = [&](std::uint32_t begin, std::uint16_t n) {
@@ -210,29 +232,40 @@ void Tracer::materialize() {
     r.collective.seq = p.seq;
     r.collective.seq_stride = 0;
     rs.push_back(r);
+    sources_.push_back(sources_[prev.first + i]);
   }
-  pending_.clear();
+  n_pending_ = 0;
 }
 
-std::uint32_t Tracer::store(const EventView& e, const CollectiveView* c, std::uint64_t start) {
-  if (speculating_) {
-    const Block& prev = trace_.blocks[trace_.blocks.size() - 2];
-    const std::size_t pos = pending_.size();
-    if (pos < prev.count && matches(e, c, trace_.records[prev.first + pos])) {
-      const Record& r = trace_.records[prev.first + pos];
-      const bool seen = !e.outputs.empty() || r.n_outputs == 0;
-      pending_.push_back(Pending{start, 0, c ? c->seq : 0, seen});
-      // The next event is compared with the next record: fetch it (and the arguments that
-      // usually follow this record's) while the op runs, so the compare finds them in cache.
-      if (pos + 1 < prev.count) {
-        const char* next = reinterpret_cast<const char*>(&r + 1);
-        for (std::size_t off = 0; off < sizeof(Record); off += 64) __builtin_prefetch(next + off);
-        __builtin_prefetch(trace_.args.data() + r.outputs_begin + r.n_outputs);
-      }
-      return std::uint32_t(trace_.records.size() + pos);
-    }
-    materialize();
+// The event matched the previous block's record at its position: it becomes pending (no record).
+COMMTRACE_HOT bool Tracer::match_next(const EventView& e, const CollectiveView* c,
+                                      std::uint64_t start) {
+  const Block& prev = prev_;
+  const std::uint32_t pos = n_pending_;
+  if (pos >= prev.count || !matches(e, c, prev.first + pos)) return false;
+  const Record& r = trace_.records[prev.first + pos];
+  const bool seen = !e.outputs.empty() || r.n_outputs == 0;
+  unseen_ += !seen;
+  if (c) {  // the sequence number advances by the stride the first repeat set
+    const CollectiveInfo& ci = r.collective;
+    const std::uint64_t last = ci.seq + (prev.repeat - 1) * ci.seq_stride;
+    seq_ok_ = seq_ok_ && c->seq >= last && (prev.repeat == 1 || c->seq - last == ci.seq_stride);
   }
+  pending_[pos] = Pending{start, 0, c ? c->seq : 0, seen};  // sized by next_iteration()
+  ++n_pending_;
+  // The next event is compared with the next record: fetch it (and the arguments that usually
+  // follow this record's) while the op runs, so the compare finds them in cache.
+  if (pos + 1 < prev.count) {
+    const char* next = reinterpret_cast<const char*>(&r + 1);
+    for (std::size_t off = 0; off < sizeof(Record); off += 64) __builtin_prefetch(next + off);
+    __builtin_prefetch(trace_.args.data() + r.outputs_begin + r.n_outputs);
+  }
+  return true;
+}
+
+// A new record (after the pending ones, when the event ended speculation).
+std::uint32_t Tracer::append(const EventView& e, const CollectiveView* c, std::uint64_t start) {
+  if (speculating_) materialize();
   Record r;
   r.kind = e.kind;
   r.phase = phase_;
@@ -242,13 +275,13 @@ std::uint32_t Tracer::store(const EventView& e, const CollectiveView* c, std::ui
   r.overload = intern_static(e.overload);
   r.reason = e.reason.empty() ? 0 : trace_.pools.intern(e.reason);
   r.module = std::uint32_t(stack_.back());
-  if (e.mesh) r.mesh = intern_mesh(*e.mesh, e.mesh_key);
+  if (e.mesh) r.mesh = mesh_id(*e.mesh, e.mesh_key);
   r.inputs_begin = std::uint32_t(trace_.args.size());
   r.n_inputs = arg_count(e.inputs.size(), "input");
-  for (const ArgView& a : e.inputs) trace_.args.push_back(intern_arg(a));
+  for (const ArgView& a : e.inputs) push_arg(a);
   r.outputs_begin = std::uint32_t(trace_.args.size());
   r.n_outputs = arg_count(e.outputs.size(), "output");
-  for (const ArgView& a : e.outputs) trace_.args.push_back(intern_arg(a));
+  for (const ArgView& a : e.outputs) push_arg(a);
   if (c) {
     CollectiveInfo& ci = r.collective;
     ci.op = c->op;
@@ -267,35 +300,26 @@ std::uint32_t Tracer::store(const EventView& e, const CollectiveView* c, std::ui
   r.start_s = double(start);
   const std::uint32_t index = std::uint32_t(trace_.records.size());
   trace_.records.push_back(r);
+  sources_.push_back(Source{e.name, e.overload, e.mesh ? e.mesh_key : 0});
   return index;
 }
 
 std::uint32_t Tracer::record(const EventView& e, std::uint64_t start) {
-  const std::uint32_t i = store(e, nullptr, start);
-  finish(i);
+  if (speculating_ && match_next(e, nullptr, start)) {
+    pending_[n_pending_ - 1].duration = now() - start;
+    return prev_.first + prev_.count + n_pending_ - 1;
+  }
+  const std::uint32_t i = append(e, nullptr, start);
+  trace_.records[i].duration_s = double(now()) - trace_.records[i].start_s;
   return i;
 }
 
 std::uint32_t Tracer::begin(const EventView& e, const CollectiveView* collective) {
-  return store(e, collective, now());
-}
-
-void Tracer::add_outputs(std::uint32_t index, std::span<const ArgView> outputs) {
-  if (speculating(index)) {
-    const std::size_t pos = index - trace_.records.size();
-    COMMTRACE_CHECK(speculating_ && pos < pending_.size(), ErrorCode::Internal,
-                    "tracer: add_outputs for unknown record {}", index);
-    const Block& prev = trace_.blocks[trace_.blocks.size() - 2];
-    if (outputs_match(outputs, trace_.records[prev.first + pos])) {
-      pending_[pos].outputs_seen = true;
-      return;
-    }
-    materialize();  // the record now exists at `index`
+  const std::uint64_t start = now();
+  if (speculating_ && match_next(e, collective, start)) {
+    return prev_.first + prev_.count + n_pending_ - 1;
   }
-  Record& r = trace_.records.at(index);
-  r.outputs_begin = std::uint32_t(trace_.args.size());
-  r.n_outputs = arg_count(outputs.size(), "output");
-  for (const ArgView& a : outputs) trace_.args.push_back(intern_arg(a));
+  return append(e, collective, start);
 }
 
 void Tracer::time_on_device(std::uint32_t index, DeviceTimer& timer, std::uint32_t token) {
@@ -312,7 +336,7 @@ void Tracer::resolve_device_times() {
     const double ticks = per_tick > 0 ? s / per_tick : 0.0;
     if (speculating(d.index)) {
       const std::size_t pos = d.index - trace_.records.size();
-      COMMTRACE_CHECK(speculating_ && pos < pending_.size(), ErrorCode::Internal,
+      COMMTRACE_CHECK(speculating_ && pos < n_pending_, ErrorCode::Internal,
                       "tracer: device time for unknown record {}", d.index);
       pending_[pos].duration = std::uint64_t(ticks);
     } else {
@@ -322,16 +346,30 @@ void Tracer::resolve_device_times() {
   device_spans_.clear();
 }
 
-void Tracer::finish(std::uint32_t index) {
+void Tracer::finish(std::uint32_t index, std::span<const ArgView> outputs) {
+  const std::uint64_t end = now();
   if (speculating(index)) {
     const std::size_t pos = index - trace_.records.size();
-    COMMTRACE_CHECK(speculating_ && pos < pending_.size(), ErrorCode::Internal,
+    COMMTRACE_CHECK(speculating_ && pos < n_pending_, ErrorCode::Internal,
                     "tracer: finish for unknown record {}", index);
-    pending_[pos].duration = now() - pending_[pos].start;
-    return;
+    Pending& p = pending_[pos];
+    if (outputs.empty() || outputs_match(outputs, trace_.records[prev_.first + pos])) {
+      if (!outputs.empty() && !p.outputs_seen) {
+        p.outputs_seen = true;
+        --unseen_;
+      }
+      p.duration = end - p.start;
+      return;
+    }
+    materialize();  // the record now exists at `index`
   }
   Record& r = trace_.records.at(index);
-  r.duration_s = double(now()) - r.start_s;
+  if (!outputs.empty()) {
+    r.outputs_begin = std::uint32_t(trace_.args.size());
+    r.n_outputs = arg_count(outputs.size(), "output");
+    for (const ArgView& a : outputs) push_arg(a);
+  }
+  r.duration_s = double(end) - r.start_s;
 }
 
 // Ends the open block: folded into the one before when every event matched it and every
@@ -340,30 +378,20 @@ void Tracer::close_block() {
   resolve_device_times();
   std::vector<Block>& blocks = trace_.blocks;
   if (speculating_) {
-    const Block& prev = blocks[blocks.size() - 2];
-    bool fold = pending_.size() == prev.count;
-    for (std::uint32_t i = 0; fold && i < prev.count; ++i) {
-      const Record& a = trace_.records[prev.first + i];
-      const Pending& b = pending_[i];
-      fold = b.outputs_seen || a.n_outputs == 0;
-      if (fold && a.kind == EventKind::Collective) {
-        const std::uint64_t last = a.collective.seq + (prev.repeat - 1) * a.collective.seq_stride;
-        fold = b.seq >= last && (prev.repeat == 1 || b.seq - last == a.collective.seq_stride);
-      }
-    }
-    if (fold) {
-      Block& p = blocks[blocks.size() - 2];
+    Block& p = blocks[blocks.size() - 2];
+    if (n_pending_ == p.count && unseen_ == 0 && seq_ok_) {
+      const double weight = 1.0 / double(p.repeat + 1);
       for (std::uint32_t i = 0; i < p.count; ++i) {
         Record& a = trace_.records[p.first + i];
         if (a.kind == EventKind::Collective && p.repeat == 1) {
           a.collective.seq_stride = pending_[i].seq - a.collective.seq;
         }
         // Running mean of the durations over the repeats.
-        a.duration_s += (double(pending_[i].duration) - a.duration_s) / double(p.repeat + 1);
+        a.duration_s += (double(pending_[i].duration) - a.duration_s) * weight;
       }
       ++p.repeat;
       speculating_ = false;
-      pending_.clear();
+      n_pending_ = 0;
       blocks.pop_back();
       return;
     }
@@ -378,13 +406,17 @@ void Tracer::next_iteration() {
   close_block();
   ++iteration_;
   trace_.blocks.push_back(Block{std::uint32_t(trace_.records.size()), 0, iteration_, 1});
-  speculating_ = trace_.blocks[trace_.blocks.size() - 2].count > 0;
+  prev_ = trace_.blocks[trace_.blocks.size() - 2];
+  speculating_ = prev_.count > 0;
+  if (pending_.size() < prev_.count) pending_.resize(prev_.count);
+  unseen_ = 0;
+  seq_ok_ = true;
 }
 
 std::size_t Tracer::memory_bytes() const {
-  return trace_.records.capacity() * sizeof(Record) + trace_.args.capacity() * sizeof(TensorArg) +
-         trace_.blocks.capacity() * sizeof(Block) + pending_.capacity() * sizeof(Pending) +
-         trace_.pools.bytes();
+  return trace_.records.capacity() * sizeof(Record) + sources_.capacity() * sizeof(Source) +
+         trace_.args.capacity() * sizeof(TensorArg) + trace_.blocks.capacity() * sizeof(Block) +
+         pending_.capacity() * sizeof(Pending) + trace_.pools.bytes();
 }
 
 Trace Tracer::take() {
@@ -403,11 +435,13 @@ Trace Tracer::take() {
   phase_ = Phase::Forward;
   iteration_ = 0;
   speculating_ = false;
-  pending_.clear();
-  id_ = g_next_tracer_id.fetch_add(1, std::memory_order_relaxed);  // the caches' ids are stale
+  n_pending_ = 0;
+  sources_.clear();
+  id_ = g_next_tracer_id.fetch_add(1, std::memory_order_relaxed);  // the slots' ids are stale
   static_ids_.clear();
   static_cache_.fill(StaticSlot{});
   mesh_keys_.clear();
+  last_mesh_ = {0, kNoMesh};
   clock_.restart();
   return out;
 }

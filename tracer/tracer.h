@@ -23,43 +23,55 @@
 
 namespace commtrace {
 
-// A slot a tensor keeps to remember its shape's id in the tracer that last recorded it, so a
-// tensor recorded again (an op's output is the next op's input) costs a compare, not a lookup.
-// Atomic because a tensor may be read by several ranks' threads (each with its own tracer).
-// REQUIRES: the tensor's shape never changes while it is recorded.
-class ShapeCache {
+// A slot a tensor keeps for the tracer that last recorded it: the index of a stored argument
+// (Trace::args) equal to the tensor's view, so a tensor recorded again (an op's output is the
+// next op's input) costs a compare, not a lookup. Atomic because a tensor may be read by several
+// ranks' threads (each with its own tracer).
+// REQUIRES: what the view shows of the tensor (shapes, placements) never changes.
+class TraceSlot {
  public:
-  bool get(std::uint32_t tracer, ShapeId& id) const {
+  bool get(std::uint32_t tracer, std::uint32_t& arg) const {
     const std::uint64_t v = slot_.load(std::memory_order_relaxed);
     if (std::uint32_t(v >> 32) != tracer) return false;
-    id = ShapeId(v);
+    arg = std::uint32_t(v);
     return true;
   }
-  void set(std::uint32_t tracer, ShapeId id) const {
-    slot_.store(std::uint64_t(tracer) << 32 | id, std::memory_order_relaxed);
+  void set(std::uint32_t tracer, std::uint32_t arg) const {
+    slot_.store(std::uint64_t(tracer) << 32 | arg, std::memory_order_relaxed);
   }
 
  private:
-  mutable std::atomic<std::uint64_t> slot_{0};  // tracer id << 32 | shape id; tracer 0: none
+  mutable std::atomic<std::uint64_t> slot_{0};  // tracer id << 32 | argument index; tracer 0: none
 };
 
 // A tensor as the recording sites describe it; global and placements are empty for a plain
-// tensor (then global is the shape). The caches are optional.
+// tensor (then global is the shape). The slots are optional: `slot` is the slot of the tensor
+// this view describes whole (a plain tensor's own, a DTensor's); `shape_slot` one of a plain
+// tensor of this view's shape (the plain tensor itself, a DTensor's local shard, a collective's
+// buffer), read for the shape alone.
 struct ArgView {
   std::span<const std::int64_t> shape;
   std::span<const std::int64_t> global;
   std::span<const Placement> placements;
-  const ShapeCache* shape_cache = nullptr;
-  const ShapeCache* global_cache = nullptr;
+  const TraceSlot* slot = nullptr;
+  const TraceSlot* shape_slot = nullptr;
+
+  static ArgView plain(std::span<const std::int64_t> shape, const TraceSlot* slot) {
+    return ArgView{shape, {}, {}, slot, slot};
+  }
 };
 
-// At most N argument views, built in place: the slots are not initialized until pushed (an
+// At most N argument views, built in place: the entries are not initialized until emplaced (an
 // op's recording site fills only the few it has).
 template <std::size_t N>
 class ArgViewList {
  public:
-  ArgViewList() {}  // NOLINT: the union's slots are written before they are read
-  void push(const ArgView& v) { items_[n_++] = v; }
+  ArgViewList() {}  // NOLINT: the union's entries are written before they are read
+  // Appends make()'s view, built in place (no copy).
+  template <class Make>
+  ArgView& emplace(Make&& make) {
+    return *::new (static_cast<void*>(&items_[n_++])) ArgView(make());
+  }
   std::span<const ArgView> views() const { return {items_, n_}; }
 
  private:
@@ -123,10 +135,10 @@ class Tracer {
 
   // Records an event that ran from `start` (a now() value) until now; returns its index.
   std::uint32_t record(const EventView& e, std::uint64_t start);
-  // Records an event that starts now and is finished by finish(); outputs may follow.
+  // Records an event that starts now and is finished by finish(), which may give its outputs
+  // (when they were not known at begin()).
   std::uint32_t begin(const EventView& e, const CollectiveView* collective = nullptr);
-  void add_outputs(std::uint32_t index, std::span<const ArgView> outputs);
-  void finish(std::uint32_t index);
+  void finish(std::uint32_t index, std::span<const ArgView> outputs = {});
   // Event `index` of the open iteration ran on a device: when the iteration closes (or at
   // take()) its duration becomes `timer`'s measurement of `token`, replacing the host's (which
   // on a device is the time to enqueue). The timer must outlive the iteration. The seconds pass
@@ -148,17 +160,18 @@ class Tracer {
   Trace take();
 
  private:
-  std::uint32_t store(const EventView& e, const CollectiveView* c, std::uint64_t start);
+  bool match_next(const EventView& e, const CollectiveView* c, std::uint64_t start);
+  std::uint32_t append(const EventView& e, const CollectiveView* c, std::uint64_t start);
   std::uint32_t intern_static(const char* s);
-  TensorArg intern_arg(const ArgView& a);
-  ShapeId intern_shape(std::span<const std::int64_t> dims, const ShapeCache* cache);
+  void push_arg(const ArgView& a);
+  MeshId mesh_id(const MeshInfo& m, std::uint64_t key);
   MeshId intern_mesh(const MeshInfo& m, std::uint64_t key);
   void close_block();
   void resolve_device_times();
   // Speculative folding (see the file comment).
-  bool matches(const EventView& e, const CollectiveView* c, const Record& r);
-  bool arg_matches(const ArgView& a, const TensorArg& t);
-  bool shape_matches(std::span<const std::int64_t> dims, const ShapeCache* cache, ShapeId id);
+  bool matches(const EventView& e, const CollectiveView* c, std::uint32_t index);
+  bool arg_matches(const ArgView& a, std::uint32_t index);
+  bool dims_equal(std::span<const std::int64_t> dims, ShapeId id) const;
   bool outputs_match(std::span<const ArgView> outputs, const Record& r);
   void materialize();
   bool speculating(std::uint32_t index) const { return index >= trace_.records.size(); }
@@ -169,7 +182,20 @@ class Tracer {
     bool outputs_seen = false;  // false while outputs added later are still to come
   };
   bool speculating_ = false;
-  std::vector<Pending> pending_;
+  Block prev_;  // while speculating: the block compared with (the open one starts after it)
+  std::vector<Pending> pending_;  // the first n_pending_ are the open block's
+  std::uint32_t n_pending_ = 0;
+  std::size_t unseen_ = 0;  // pending events whose outputs are still to come
+  bool seq_ok_ = true;      // every pending collective's sequence number advanced by its stride
+
+  // Per record: the addresses its event's view gave (name, overload, mesh key), compared before
+  // the interned ids.
+  struct Source {
+    const char* name;
+    const char* overload;
+    std::uint64_t mesh_key;
+  };
+  std::vector<Source> sources_;
 
   struct DeviceSpan {
     std::uint32_t index;
@@ -188,7 +214,7 @@ class Tracer {
   friend class TracerActivation;
   static inline thread_local Tracer* current_ = nullptr;  // set by TracerActivation
 
-  std::uint32_t id_;  // unique per tracer and trace: the key of the tensors' shape caches
+  std::uint32_t id_;  // unique per tracer and trace: the key of the tensors' slots
   Trace trace_;
   std::vector<int> stack_{0};
   Phase phase_ = Phase::Forward;
@@ -196,6 +222,7 @@ class Tracer {
   std::uint32_t iteration_ = 0;
   std::unordered_map<const char*, StrId> static_ids_;
   std::vector<std::pair<std::uint64_t, MeshId>> mesh_keys_;
+  std::pair<std::uint64_t, MeshId> last_mesh_{0, kNoMesh};  // mesh_keys_' last hit
 };
 
 // Times one event on its device. Made before the work is queued (timer null: the host clock

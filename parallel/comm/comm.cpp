@@ -189,10 +189,11 @@ std::uint32_t Communicator::prepare(CollectiveCall& c, Tracer* tracer) {
   const CollectiveContext* ctx = CollectiveScope::current();
   const std::span<const std::int64_t> global =
       ctx ? ctx->global_shape : std::span<const std::int64_t>();
+  // The buffer's slot describes it as a plain tensor: only a view without a context is that.
   auto arg = [&](const Tensor& t, bool input) {
-    return ArgView{t.shape(), global,
-                   ctx ? (input ? ctx->before : ctx->after) : std::span<const Placement>(),
-                   &t.impl()->trace_shape};
+    const TensorImpl& i = *t.impl();
+    if (!ctx) return ArgView::plain(i.shape, &i.trace_slot);
+    return ArgView{i.shape, global, input ? ctx->before : ctx->after, nullptr, &i.trace_slot};
   };
   const bool in_place = spec.buffers == BufferRule::InPlace;
   ArgView ins[1], outs[1];

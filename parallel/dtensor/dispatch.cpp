@@ -116,10 +116,10 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
   std::uint32_t record = 0;
   if (tracer) {
     const RecordedArgs args(in, a.transposed, [](const Tensor& t) {
-      if (!is_dtensor(t)) return ArgView{t.shape(), {}, {}, &t.impl()->trace_shape};
-      const DistSpec& d = dist_of(t);
-      return ArgView{d.local.shape(), t.shape(), d.placements, &d.local.impl()->trace_shape,
-                     &t.impl()->trace_shape};
+      const TensorImpl& i = *t.impl();
+      if (!i.dist) return ArgView::plain(i.shape, &i.trace_slot);
+      const TensorImpl& local = *i.dist->local.impl();
+      return ArgView{local.shape, i.shape, i.dist->placements, &i.trace_slot, &local.trace_slot};
     });
     EventView e;
     e.kind = op.kind;
@@ -175,14 +175,13 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
         wrap_dtensor(shard, mesh, Placements(placements.begin(), placements.end()),
                      global[std::size_t(o)].shape);
     if (tracer) {
-      results.push(ArgView{shard.shape(), global[std::size_t(o)].shape, placements,
-                           &shard.impl()->trace_shape, &out[std::size_t(o)].impl()->trace_shape});
+      results.emplace([&] {
+        return ArgView{shard.impl()->shape, global[std::size_t(o)].shape, placements,
+                       &out[std::size_t(o)].impl()->trace_slot, &shard.impl()->trace_slot};
+      });
     }
   }
-  if (tracer) {
-    tracer->add_outputs(record, results.views());
-    tracer->finish(record);
-  }
+  if (tracer) tracer->finish(record, results.views());
   return out;
 }
 

@@ -36,7 +36,7 @@ ArgView RecordedArgs::swapped(const ArgView& v) {
     sw.placements[i] = p;
   }
   out.placements = {sw.placements, v.placements.size()};
-  return out;  // no shape caches: the swapped dims are not the tensors' shapes
+  return out;  // no slots: the swapped dims are not the tensors' shapes
 }
 
 DimStrategy& Strategies::add() {
@@ -123,12 +123,13 @@ OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& 
   }
   if (tracer) {
     const RecordedArgs args(in, a.transposed, [](const Tensor& t) {
-      return ArgView{t.shape(), {}, {}, &t.impl()->trace_shape};
+      const TensorImpl& i = *t.impl();
+      return ArgView::plain(i.shape, &i.trace_slot);
     });
     ArgViewList<kMaxOpOutputs> results;
     for (int i = 0; i < op.n_outputs; ++i) {
-      const Tensor& o = out[std::size_t(i)];
-      if (o.defined()) results.push(ArgView{o.shape(), {}, {}, &o.impl()->trace_shape});
+      const TensorImpl* o = out[std::size_t(i)].impl();
+      if (o) results.emplace([o] { return ArgView::plain(o->shape, &o->trace_slot); });
     }
     EventView e;
     e.kind = op.kind;

@@ -145,13 +145,8 @@ class RecordedArgs {
     for (std::size_t k = 0; k < in.size(); ++k) {
       const Tensor& t = in[k];
       if (!t.defined()) continue;
-      const ArgView v = view(t);
-      const ArgView w = k < 32 && ((transposed >> k) & 1u) && v.shape.size() >= 2 ? swapped(v) : v;
-      if (on_heap) {
-        heap_.push_back(w);
-      } else {
-        inline_.push(w);
-      }
+      ArgView& v = on_heap ? heap_.emplace_back(view(t)) : inline_.emplace([&] { return view(t); });
+      if (k < 32 && ((transposed >> k) & 1u) && v.shape.size() >= 2) v = swapped(v);
     }
   }
   RecordedArgs(const RecordedArgs&) = delete;

@@ -64,7 +64,7 @@ struct TensorImpl {
   // Set on a local tensor that to_local() took from a DTensor (and kept by same-shape ops on
   // it): lets from_local() recover an uneven global shape without a collective.
   std::shared_ptr<const ShardOrigin> origin;
-  ShapeCache trace_shape;  // the shape's id in the tracer that last recorded this tensor
+  TraceSlot trace_slot;                  // its argument in the tracer that last recorded it
   std::shared_ptr<MemoryCharge> charge;  // with a MemoryLedger active: this allocation's bytes
 };
 

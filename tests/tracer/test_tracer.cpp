@@ -276,8 +276,7 @@ TEST_CASE("outputs added after begin() take part in folding", "[tracer]") {
     const std::uint32_t i = tr.begin(e);
     if (!finished) return;  // the op threw before its outputs were known
     const ArgView out{out_shape, {}, {}};
-    tr.add_outputs(i, {&out, 1});
-    tr.finish(i);
+    tr.finish(i, {&out, 1});
   };
   sharded_op(a, true);
   tr.next_iteration();
@@ -292,6 +291,62 @@ TEST_CASE("outputs added after begin() take part in folding", "[tracer]") {
   REQUIRE(t.records.size() == 3);
   REQUIRE(t.shape(t.outputs(t.records[1])[0].shape)[0] == 3);
   REQUIRE(t.records[2].n_outputs == 0);
+}
+
+TEST_CASE("tensor slots stand in for their views, per tracer, and never hide a change",
+          "[tracer]") {
+  const Shape a{2, 3}, b{4, 3}, global{8, 3};
+  const std::vector<Placement> row{Placement::shard(0)}, col{Placement::shard(1)};
+  // Two plain inputs and their outputs, and two DTensors over x (what a slot's tensor shows
+  // never changes: another placement is another DTensor).
+  const TraceSlot x, y, out_x, out_y, by_row, by_col;
+  // relu(in) -> out, then a sharded mm of DTensor `d` (local: x's shape) with placements p.
+  auto step = [&](Tracer& tr, std::span<const std::int64_t> in_shape, const TraceSlot& in,
+                  const TraceSlot& d, const std::vector<Placement>& p) {
+    const ArgView ins[] = {ArgView::plain(in_shape, &in)};
+    const ArgView outs[] = {ArgView::plain(in_shape, &in == &x ? &out_x : &out_y)};
+    EventView e;
+    e.name = "relu";
+    e.inputs = ins;
+    e.outputs = outs;
+    tr.record(e, tr.now());
+    const ArgView dts[] = {ArgView{a, global, p, &d, &x}};
+    EventView m;
+    m.name = "mm";
+    m.sharded = true;
+    m.inputs = dts;
+    tr.record(m, tr.now());
+    tr.next_iteration();
+  };
+  Tracer tr, other;
+  step(tr, a, x, by_row, row);
+  step(tr, b, y, by_row, row);     // y's shape differs: its own block; y's slot now names [4, 3]
+  step(tr, b, y, by_row, row);     // folds by slot compares alone
+  step(other, a, x, by_row, row);  // another tracer takes the slots over
+  step(tr, a, x, by_row, row);     // slots of the other tracer are ignored: compared by value
+  step(tr, a, x, by_col, col);     // same local shape (x's slot), other placements: seen
+  step(tr, b, y, by_row, row);     // slots that hold other arguments of this tracer: seen
+  const Trace t = tr.take();
+  REQUIRE(t.blocks.size() == 5);
+  REQUIRE(t.blocks[1].repeat == 2);
+  REQUIRE(t.blocks[2].repeat == 1);
+  auto first_input = [&](std::size_t block, int k) {
+    return t.inputs(t.records[t.blocks[block].first + std::uint32_t(k)])[0];
+  };
+  REQUIRE(shape_str(t.shape(first_input(0, 0).shape)) == "[2, 3]");
+  REQUIRE(shape_str(t.shape(first_input(1, 0).shape)) == "[4, 3]");
+  REQUIRE(shape_str(t.shape(first_input(2, 0).shape)) == "[2, 3]");
+  REQUIRE(placements_str(t.placements(first_input(2, 1).placements)) == "(Shard(dim=0),)");
+  REQUIRE(placements_str(t.placements(first_input(3, 1).placements)) == "(Shard(dim=1),)");
+  REQUIRE(shape_str(t.shape(first_input(3, 1).global_shape)) == "[8, 3]");
+  REQUIRE(shape_str(t.shape(first_input(4, 0).shape)) == "[4, 3]");
+  REQUIRE(placements_str(t.placements(first_input(4, 1).placements)) == "(Shard(dim=0),)");
+  // After take() the slots name arguments of the old trace: the new one interns from the views.
+  step(tr, b, y, by_row, row);
+  const Trace u = tr.take();
+  REQUIRE(u.records.size() == 2);
+  REQUIRE(shape_str(u.shape(u.inputs(u.records[0])[0].shape)) == "[4, 3]");
+  REQUIRE(shape_str(u.shape(u.inputs(u.records[1])[0].shape)) == "[2, 3]");
 }
 
 TEST_CASE("take() during a matching iteration keeps the events so far", "[tracer]") {
