@@ -10,12 +10,15 @@
 // synchronize() first (the threads communicator does, around each collective).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -36,10 +39,53 @@ void check(cudaError_t e, const char* what) {
   }
 }
 
+// cuBLAS, loaded on first use (a thread's first CUDA call): linked, its libraries would map
+// ~220 MB and spend ~0.3 s in their initializers in every commtrace process, GPU or not. The
+// library this build found is tried first, then the loader's search path.
+struct CublasApi {
+  decltype(&::cublasCreate_v2) create = nullptr;
+  decltype(&::cublasDestroy_v2) destroy = nullptr;
+  decltype(&::cublasSetStream_v2) set_stream = nullptr;
+  decltype(&::cublasGetStatusString) status_string = nullptr;
+  // The C entry point (the header adds C++ overloads, so no decltype).
+  cublasStatus_t (*gemm_strided_batched)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                         int, int, const void*, const void*, cudaDataType, int,
+                                         long long, const void*, cudaDataType, int, long long,
+                                         const void*, void*, cudaDataType, int, long long, int,
+                                         cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+};
+
+const CublasApi& cublas() {
+  static const CublasApi api = [] {
+    void* lib = nullptr;
+    std::string tried;
+    for (const char* path : {COMMTRACE_CUBLAS_LIBRARY, COMMTRACE_CUBLAS_SONAME}) {
+      lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+      if (lib) break;
+      tried += fmt::format("{}{}", tried.empty() ? "" : "; ", dlerror());
+    }
+    COMMTRACE_CHECK(lib != nullptr, ErrorCode::Unsupported,
+                    "cuda: cannot load cuBLAS ({}); put {} on LD_LIBRARY_PATH", tried,
+                    COMMTRACE_CUBLAS_SONAME);
+    CublasApi a;
+    auto load = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      COMMTRACE_CHECK(fn != nullptr, ErrorCode::Unsupported, "cuda: cuBLAS has no {}", name);
+    };
+    load(a.create, "cublasCreate_v2");
+    load(a.destroy, "cublasDestroy_v2");
+    load(a.set_stream, "cublasSetStream_v2");
+    load(a.status_string, "cublasGetStatusString");
+    load(a.gemm_strided_batched, "cublasGemmStridedBatchedEx");
+    return a;
+  }();
+  return api;
+}
+
 void check(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) {
     throw Error(ErrorCode::Backend,
-                fmt::format("cublas: {}: {} ({})", what, cublasGetStatusString(st), int(st)));
+                fmt::format("cublas: {}: {} ({})", what, cublas().status_string(st), int(st)));
   }
 }
 
@@ -219,8 +265,8 @@ struct ThreadContext {
     check(cudaGetDevice(&device), "cudaGetDevice");
     check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     CachingAllocator::get().stream_created(stream);
-    check(cublasCreate(&blas), "cublasCreate");
-    check(cublasSetStream(blas, stream), "cublasSetStream");
+    check(cublas().create(&blas), "cublasCreate");
+    check(cublas().set_stream(blas, stream), "cublasSetStream");
     check(cudaMalloc(&bad, sizeof *bad), "cudaMalloc");
     timer = std::make_unique<EventTimer>(stream);
   }
@@ -228,7 +274,7 @@ struct ThreadContext {
     (void)cudaStreamSynchronize(stream);
     timer.reset();
     CachingAllocator::get().stream_gone(stream);
-    if (blas) (void)cublasDestroy(blas);
+    if (blas) (void)cublas().destroy(blas);
     if (bad) (void)cudaFree(bad);
     (void)cudaStreamDestroy(stream);
   }
@@ -376,7 +422,7 @@ void gemm_rm(DType dt, bool ta, bool tb, i64 batch, i64 m, i64 n, i64 k, double 
   const float alpha_f = float(alpha), beta_f = float(beta);
   const void* pa = dt == DType::F64 ? static_cast<const void*>(&alpha) : &alpha_f;
   const void* pb = dt == DType::F64 ? static_cast<const void*>(&beta) : &beta_f;
-  check(cublasGemmStridedBatchedEx(
+  check(cublas().gemm_strided_batched(
             ctx().blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
             blas_int(n, "n"), blas_int(m, "m"), blas_int(k, "k"), pa, b, type, blas_int(ldb, "ldb"),
             sb, a, type, blas_int(lda, "lda"), sa, pb, c, type, blas_int(ldc, "ldc"), sc,

@@ -104,7 +104,7 @@ void Tracer::push_arg(const ArgView& a) {
     t.shape = a.shape_slot && a.shape_slot->get(id_, q) ? trace_.args[q].shape
                                                         : trace_.pools.intern_shape(a.shape);
     t.global_shape = a.global.empty() ? t.shape : trace_.pools.intern_shape(a.global);
-    t.placements = trace_.pools.intern_placements(a.placements);
+    t.placements = a.placements.empty() ? 0 : trace_.pools.intern_placements(a.placements);
     if (a.slot) a.slot->set(id_, std::uint32_t(trace_.args.size()));
   }
   trace_.args.push_back(t);
@@ -140,9 +140,9 @@ COMMTRACE_HOT bool Tracer::dims_equal(std::span<const std::int64_t> dims, ShapeI
 // the shape matches the shape's id whichever way the view gives it). A match fills the slot.
 COMMTRACE_HOT bool Tracer::arg_matches(const ArgView& a, std::uint32_t index) {
   const TensorArg* args = trace_.args.data();
-  const TensorArg& t = args[index];
   std::uint32_t q = 0;
-  if (a.slot && a.slot->get(id_, q)) return q == index || args[q] == t;
+  if (a.slot && a.slot->get(id_, q)) return q == index || args[q] == args[index];
+  const TensorArg& t = args[index];
   if (a.shape_slot && a.shape_slot != a.slot && a.shape_slot->get(id_, q)) {
     if (args[q].shape != t.shape) return false;
   } else if (!dims_equal(a.shape, t.shape)) {
