@@ -1,6 +1,7 @@
 // Tensor basics: storage and dtypes, views, meta tensors, and the argument checks of the op layer.
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -126,6 +127,20 @@ TEST_CASE("dropout's mask is acc-typed and its backward one kernel", "[tensor][d
     }
     REQUIRE(kept > 16);
     REQUIRE(kept < 48);
+  }
+}
+
+TEST_CASE("a process that runs on the cpu maps neither cuBLAS nor NCCL", "[tensor]") {
+  // Both are loaded on first GPU use: linked, they would cost every process ~220 MB at start.
+  const Tensor x = Tensor::full({4}, 2.0);
+  REQUIRE(relu(x).to_vector() == std::vector<double>{2, 2, 2, 2});
+  std::ifstream maps("/proc/self/maps");
+  REQUIRE(maps.good());
+  std::string line;
+  while (std::getline(maps, line)) {
+    INFO(line);
+    REQUIRE(line.find("libcublas") == std::string::npos);
+    REQUIRE(line.find("libnccl") == std::string::npos);
   }
 }
 
