@@ -210,11 +210,10 @@ COMMTRACE_HOT bool Tracer::matches(const EventView& e, const CollectiveView* c,
 void Tracer::materialize() {
   speculating_ = false;
   std::vector<Record>& rs = trace_.records;
-  const Block& prev = prev_;
   rs.reserve(rs.size() + n_pending_);
   sources_.reserve(rs.capacity());
   for (std::size_t i = 0; i < n_pending_; ++i) {
-    Record r = rs[prev.first + i];
+    Record r = rs[prev_.first + i];
     const Pending& p = pending_[i];
     auto copy_args = [&](std::uint32_t begin, std::uint16_t n) {
       const std::uint32_t at = std::uint32_t(trace_.args.size());
@@ -232,7 +231,7 @@ void Tracer::materialize() {
     r.collective.seq = p.seq;
     r.collective.seq_stride = 0;
     rs.push_back(r);
-    sources_.push_back(sources_[prev.first + i]);
+    sources_.push_back(sources_[prev_.first + i]);
   }
   n_pending_ = 0;
 }
@@ -240,22 +239,21 @@ void Tracer::materialize() {
 // The event matched the previous block's record at its position: it becomes pending (no record).
 COMMTRACE_HOT bool Tracer::match_next(const EventView& e, const CollectiveView* c,
                                       std::uint64_t start) {
-  const Block& prev = prev_;
   const std::uint32_t pos = n_pending_;
-  if (pos >= prev.count || !matches(e, c, prev.first + pos)) return false;
-  const Record& r = trace_.records[prev.first + pos];
+  if (pos >= prev_.count || !matches(e, c, prev_.first + pos)) return false;
+  const Record& r = trace_.records[prev_.first + pos];
   const bool seen = !e.outputs.empty() || r.n_outputs == 0;
   unseen_ += !seen;
   if (c) {  // the sequence number advances by the stride the first repeat set
     const CollectiveInfo& ci = r.collective;
-    const std::uint64_t last = ci.seq + (prev.repeat - 1) * ci.seq_stride;
-    seq_ok_ = seq_ok_ && c->seq >= last && (prev.repeat == 1 || c->seq - last == ci.seq_stride);
+    const std::uint64_t last = ci.seq + (prev_.repeat - 1) * ci.seq_stride;
+    seq_ok_ = seq_ok_ && c->seq >= last && (prev_.repeat == 1 || c->seq - last == ci.seq_stride);
   }
   pending_[pos] = Pending{start, 0, c ? c->seq : 0, seen};  // sized by next_iteration()
   ++n_pending_;
   // The next event is compared with the next record: fetch it (and the arguments that usually
   // follow this record's) while the op runs, so the compare finds them in cache.
-  if (pos + 1 < prev.count) {
+  if (pos + 1 < prev_.count) {
     const char* next = reinterpret_cast<const char*>(&r + 1);
     for (std::size_t off = 0; off < sizeof(Record); off += 64) __builtin_prefetch(next + off);
     __builtin_prefetch(trace_.args.data() + r.outputs_begin + r.n_outputs);
@@ -307,7 +305,7 @@ std::uint32_t Tracer::append(const EventView& e, const CollectiveView* c, std::u
 std::uint32_t Tracer::record(const EventView& e, std::uint64_t start) {
   if (speculating_ && match_next(e, nullptr, start)) {
     pending_[n_pending_ - 1].duration = now() - start;
-    return prev_.first + prev_.count + n_pending_ - 1;
+    return last_pending();
   }
   const std::uint32_t i = append(e, nullptr, start);
   trace_.records[i].duration_s = double(now()) - trace_.records[i].start_s;
@@ -316,10 +314,8 @@ std::uint32_t Tracer::record(const EventView& e, std::uint64_t start) {
 
 std::uint32_t Tracer::begin(const EventView& e, const CollectiveView* collective) {
   const std::uint64_t start = now();
-  if (speculating_ && match_next(e, collective, start)) {
-    return prev_.first + prev_.count + n_pending_ - 1;
-  }
-  return append(e, collective, start);
+  return speculating_ && match_next(e, collective, start) ? last_pending()
+                                                          : append(e, collective, start);
 }
 
 void Tracer::time_on_device(std::uint32_t index, DeviceTimer& timer, std::uint32_t token) {

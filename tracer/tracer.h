@@ -174,7 +174,11 @@ class Tracer {
   bool dims_equal(std::span<const std::int64_t> dims, ShapeId id) const;
   bool outputs_match(std::span<const ArgView> outputs, const Record& r);
   void materialize();
+  // A pending event's index is where materialize() would put its record.
   bool speculating(std::uint32_t index) const { return index >= trace_.records.size(); }
+  std::uint32_t last_pending() const {
+    return std::uint32_t(trace_.records.size()) + n_pending_ - 1;
+  }
 
   // An event of the open block that matched the previous block's record at its position.
   struct Pending {
