@@ -2,6 +2,10 @@
 // acc_dtype. The backends themselves are internal to their files.
 #include "kernels/backend.h"
 
+#include <dlfcn.h>
+
+#include <utility>
+
 namespace commtrace {
 
 // Defined in cpu_backend.cpp and meta_backend.cpp; reached only through kernels_for().
@@ -52,6 +56,26 @@ std::string kernels_unavailable_reason(Device d) {
 #else
   return "this build has no CUDA backend";
 #endif
+}
+
+LoadedLibrary::LoadedLibrary(std::initializer_list<const char*> paths, std::string who,
+                             std::string name, std::string_view hint)
+    : who_(std::move(who)), name_(std::move(name)) {
+  std::string tried;
+  for (const char* path : paths) {
+    handle_ = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (handle_) return;
+    tried += fmt::format("{}{}", tried.empty() ? "" : "; ", dlerror());
+  }
+  throw Error(ErrorCode::Unsupported,
+              fmt::format("{}: cannot load {} ({}); {}", who_, name_, tried, hint));
+}
+
+void* LoadedLibrary::raw_symbol(const char* s) const {
+  void* f = dlsym(handle_, s);
+  COMMTRACE_CHECK(f != nullptr, ErrorCode::Unsupported, "{}: the {} library has no {}", who_, name_,
+                  s);
+  return f;
 }
 
 }  // namespace commtrace

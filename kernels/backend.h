@@ -17,7 +17,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 
 #include "kernels/base.h"
 
@@ -258,5 +260,25 @@ const Kernels& kernels_for(Device d);
 bool has_kernels(Device d);
 // Why has_kernels(d) is false ("" when it is true), for messages and skipped tests.
 std::string kernels_unavailable_reason(Device d);
+
+// A library a backend loads on first use instead of linking it (cuBLAS, NCCL: linked, their size
+// and initializers would land in every process). Opens the first of `paths` that loads
+// (RTLD_NOW | RTLD_LOCAL; never closed). Errors are Unsupported and start with `who`:
+// "{who}: cannot load {name} ({each path's error}); {hint}", "{who}: the {name} library has no
+// {symbol}".
+class LoadedLibrary {
+ public:
+  LoadedLibrary(std::initializer_list<const char*> paths, std::string who, std::string name,
+                std::string_view hint);
+  template <class F>
+  F symbol(const char* s) const {
+    return reinterpret_cast<F>(raw_symbol(s));
+  }
+
+ private:
+  void* raw_symbol(const char* s) const;
+  void* handle_ = nullptr;
+  std::string who_, name_;
+};
 
 }  // namespace commtrace

@@ -10,7 +10,6 @@
 // synchronize() first (the threads communicator does, around each collective).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <limits>
@@ -57,20 +56,11 @@ struct CublasApi {
 
 const CublasApi& cublas() {
   static const CublasApi api = [] {
-    void* lib = nullptr;
-    std::string tried;
-    for (const char* path : {COMMTRACE_CUBLAS_LIBRARY, COMMTRACE_CUBLAS_SONAME}) {
-      lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-      if (lib) break;
-      tried += fmt::format("{}{}", tried.empty() ? "" : "; ", dlerror());
-    }
-    COMMTRACE_CHECK(lib != nullptr, ErrorCode::Unsupported,
-                    "cuda: cannot load cuBLAS ({}); put {} on LD_LIBRARY_PATH", tried,
-                    COMMTRACE_CUBLAS_SONAME);
+    const LoadedLibrary lib({COMMTRACE_CUBLAS_LIBRARY, COMMTRACE_CUBLAS_SONAME}, "cuda", "cuBLAS",
+                            "put " COMMTRACE_CUBLAS_SONAME " on LD_LIBRARY_PATH");
     CublasApi a;
     auto load = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-      COMMTRACE_CHECK(fn != nullptr, ErrorCode::Unsupported, "cuda: cuBLAS has no {}", name);
+      fn = lib.symbol<std::remove_reference_t<decltype(fn)>>(name);
     };
     load(a.create, "cublasCreate_v2");
     load(a.destroy, "cublasDestroy_v2");

@@ -20,7 +20,6 @@
 // No hangs: after queueing a call the rank polls its stream until the work completed, the job
 // aborted (another rank failed) or the timeout passed; the last two abort the communicator
 // (ncclCommAbort), which ends its pending kernels, and fail the rank naming the call.
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <chrono>
@@ -57,22 +56,10 @@ struct NcclApi {
 
 const NcclApi& nccl() {
   static const NcclApi api = [] {
-    void* lib = nullptr;
-    std::string tried;
-    for (const char* path : {COMMTRACE_NCCL_LIBRARY, "libnccl.so.2"}) {
-      lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-      if (lib) break;
-      tried += fmt::format("{}{}", tried.empty() ? "" : "; ", dlerror());
-    }
-    COMMTRACE_CHECK(lib != nullptr, ErrorCode::Unsupported,
-                    "nccl backend: cannot load NCCL ({}); install NCCL or put libnccl.so.2 on "
-                    "LD_LIBRARY_PATH",
-                    tried);
+    const LoadedLibrary lib({COMMTRACE_NCCL_LIBRARY, "libnccl.so.2"}, "nccl backend", "NCCL",
+                            "install NCCL or put libnccl.so.2 on LD_LIBRARY_PATH");
     NcclApi a;
-#define COMMTRACE_NCCL_LOAD(f)                            \
-  a.f = reinterpret_cast<decltype(a.f)>(dlsym(lib, #f));  \
-  COMMTRACE_CHECK(a.f != nullptr, ErrorCode::Unsupported, \
-                  "nccl backend: the NCCL library has no {}", #f);
+#define COMMTRACE_NCCL_LOAD(f) a.f = lib.symbol<decltype(a.f)>(#f);
     COMMTRACE_NCCL_FUNCTIONS(COMMTRACE_NCCL_LOAD)
 #undef COMMTRACE_NCCL_LOAD
     return a;

@@ -890,3 +890,23 @@ TEST_CASE("kernel errors name the kernel", "[backend][errors]") {
     REQUIRE(contains(e.what(), "dropout_forward"));
   }
 }
+
+TEST_CASE("a library loaded on first use: the first path that loads, clear errors otherwise",
+          "[backend][library]") {
+  const LoadedLibrary libm({"/nonexistent/libm.so.6", "libm.so.6"}, "test", "libm", "no hint");
+  const auto cosine = libm.symbol<double (*)(double)>("cos");
+  REQUIRE(cosine(0.0) == 1.0);
+  const Error missing = error_of([&] { (void)libm.symbol<void (*)()>("no_such_symbol_here"); });
+  REQUIRE(missing.code() == ErrorCode::Unsupported);
+  REQUIRE(std::string(missing.what()) == "test: the libm library has no no_such_symbol_here");
+  const Error none = error_of([] {
+    const LoadedLibrary l({"/nonexistent/a.so", "/nonexistent/b.so"}, "cuda", "cuBLAS",
+                          "put it on LD_LIBRARY_PATH");
+  });
+  REQUIRE(none.code() == ErrorCode::Unsupported);
+  const std::string what = none.what();
+  REQUIRE(what.rfind("cuda: cannot load cuBLAS (", 0) == 0);
+  REQUIRE(contains(what, "/nonexistent/a.so"));
+  REQUIRE(contains(what, "; /nonexistent/b.so"));
+  REQUIRE(contains(what, "); put it on LD_LIBRARY_PATH"));
+}
