@@ -61,7 +61,6 @@ void print_error(const char* kind, const char* what) noexcept {
   std::fputs("\n", stderr);
 }
 
-
 // Option checks with short messages (CLI11's numeric ranges print 309-digit bounds) that refuse
 // what a conversion would silently change: a negative seed wrapping, inf or nan as a rate.
 CLI::Validator positive_finite() {
@@ -688,10 +687,21 @@ int cmd_bench_step(BenchArgs& a) {
   fmt::print("  untraced step     {:>10.1f} us  (median)\n", r.untraced_s * 1e6);
   fmt::print("  traced step       {:>10.1f} us  (median; {} rank{} traced)\n", r.traced_s * 1e6,
              r.traced_ranks, r.traced_ranks == 1 ? "" : "s");
-  fmt::print("  traced/untraced   {:>10.3f}\n", r.ratio());
+  fmt::print("  traced/untraced   {:>10.3f}     (the rounds' quartiles: {:.3f} to {:.3f})\n",
+             r.ratio(), r.ratio_q1, r.ratio_q3);
   fmt::print("  events per step   {:>10}     (per traced rank)\n", r.events_per_step);
   fmt::print("  cost per event    {:>10.0f} ns  ((traced - untraced) / events; wall time)\n",
              r.ns_per_event());
+  fmt::print(
+      "    first step      {:>10.0f} ns  (a new tracer's first iteration: {:.1f} / {:.1f} us)\n",
+      r.ns_per_event_first(), r.traced_first_s * 1e6, r.untraced_first_s * 1e6);
+  if (a.step.steps > 1) {
+    fmt::print(
+        "    repeated steps  {:>10.0f} ns  (each event compared with the previous step's: "
+        "{:.1f} / {:.1f} us = {:.3f})\n",
+        r.ns_per_event_repeat(), r.traced_repeat_s * 1e6, r.untraced_repeat_s * 1e6,
+        r.untraced_repeat_s > 0 ? r.traced_repeat_s / r.untraced_repeat_s : 0.0);
+  }
   fmt::print(
       "  stored record     {:>10} B   (with its arguments and tables; {} stored for {} "
       "recorded: identical iterations fold)\n",

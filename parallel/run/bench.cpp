@@ -6,6 +6,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "kernels/backend.h"
 #include "parallel/comm/launch.h"
@@ -22,17 +23,22 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double median(std::vector<double> v) {
+// The q-quantile of v (linear between neighbours); 0 when empty.
+double quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  const double at = q * double(v.size() - 1);
+  const auto lo = std::size_t(at);
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (at - double(lo));
 }
+
+double median(std::vector<double> v) { return quantile(std::move(v), 0.5); }
 
 }  // namespace
 
-double StepBenchResult::ns_per_event() const {
-  return events_per_step ? (traced_s - untraced_s) * 1e9 / double(events_per_step) : 0.0;
+double StepBenchResult::ns_per_event(double traced, double untraced) const {
+  return events_per_step ? (traced - untraced) * 1e9 / double(events_per_step) : 0.0;
 }
 
 StepBenchResult bench_step(const StepBenchOptions& o) {
@@ -44,7 +50,9 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
   config_plan(cfg);  // fail early, before any thread
 
   StepBenchResult result;
-  std::vector<double> untraced, traced;
+  struct Samples {
+    std::vector<double> step, first, repeat;  // per round
+  } untraced, traced;
   std::mutex mu;
   LaunchOptions lo;
   lo.backend = cfg.backend;
@@ -67,15 +75,22 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
             std::optional<TracerActivation> on;
             if (with && traces) on.emplace(tr);
             const Clock::time_point t0 = Clock::now();
+            Clock::time_point t1 = t0;
             for (int i = 0; i < o.steps; ++i) {
               train_step(s, opt);
               if (on) tr.next_iteration();
+              if (i == 0) t1 = Clock::now();
             }
-            const double per_step = seconds_since(t0) / o.steps;
+            const Clock::time_point end = o.steps == 1 ? t1 : Clock::now();
+            const double total = std::chrono::duration<double>(end - t0).count();
             on.reset();
             if (ctx.rank() != 0) continue;
             std::lock_guard<std::mutex> lock(mu);
-            (with ? traced : untraced).push_back(per_step);
+            Samples& into = with ? traced : untraced;
+            const double first = std::chrono::duration<double>(t1 - t0).count();
+            into.step.push_back(total / o.steps);
+            into.first.push_back(first);
+            if (o.steps > 1) into.repeat.push_back((total - first) / (o.steps - 1));
             if (!with) continue;
             const Trace t = tr.take();
             result.recorded_events = t.event_count();
@@ -88,8 +103,18 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
         }
       },
       lo);
-  result.untraced_s = median(untraced);
-  result.traced_s = median(traced);
+  result.untraced_s = median(untraced.step);
+  result.traced_s = median(traced.step);
+  result.untraced_first_s = median(untraced.first);
+  result.traced_first_s = median(traced.first);
+  result.untraced_repeat_s = median(untraced.repeat);
+  result.traced_repeat_s = median(traced.repeat);
+  std::vector<double> ratios;
+  for (std::size_t i = 0; i < traced.step.size(); ++i) {
+    ratios.push_back(traced.step[i] / untraced.step[i]);
+  }
+  result.ratio_q1 = quantile(ratios, 0.25);
+  result.ratio_q3 = quantile(ratios, 0.75);
   return result;
 }
 

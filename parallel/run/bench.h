@@ -19,16 +19,25 @@ struct StepBenchOptions {
   bool trace_all_ranks = true;  // false: rank 0 only (run's default)
 };
 
+// Per kind (untraced, traced), the median over rounds of: a round's seconds per step; its first
+// step (a new tracer's first iteration, which interns everything it sees); its other steps'
+// (repeats of the one before: each event is compared with the record at its position).
 struct StepBenchResult {
-  double untraced_s = 0, traced_s = 0;  // median seconds per step
-  std::uint64_t events_per_step = 0;    // records per traced rank and step
+  double untraced_s = 0, traced_s = 0;
+  double untraced_first_s = 0, traced_first_s = 0;
+  double untraced_repeat_s = 0, traced_repeat_s = 0;  // 0 with one step per round
+  double ratio_q1 = 0, ratio_q3 = 0;                  // quartiles of the rounds' traced / untraced
+  std::uint64_t events_per_step = 0;                  // records per traced rank and step
   int traced_ranks = 0;
   std::size_t record_bytes = 0;    // a stored record, its arguments and its share of the tables
   std::size_t stored_records = 0;  // of the last traced sample (identical iterations folded)
   std::uint64_t recorded_events = 0;
   double ratio() const { return untraced_s > 0 ? traced_s / untraced_s : 0.0; }
   // (traced - untraced) per event of one rank's stream; negative means within noise.
-  double ns_per_event() const;
+  double ns_per_event() const { return ns_per_event(traced_s, untraced_s); }
+  double ns_per_event_first() const { return ns_per_event(traced_first_s, untraced_first_s); }
+  double ns_per_event_repeat() const { return ns_per_event(traced_repeat_s, untraced_repeat_s); }
+  double ns_per_event(double traced, double untraced) const;
 };
 
 StepBenchResult bench_step(const StepBenchOptions& o);

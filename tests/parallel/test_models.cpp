@@ -1,10 +1,12 @@
-// The model zoo: PyTorch FQNs and parameters, tied weights, training that learns, and meta runs
-// that allocate no tensor data.
+// The model zoo: PyTorch FQNs and parameters, tied weights, training that learns, meta runs
+// that allocate no tensor data, and the step benchmark that times them untraced and traced.
 #include <string>
 #include <vector>
 
 #include "parallel/nn/models.h"
 #include "parallel/nn/optim.h"
+#include "parallel/run/bench.h"
+#include "parallel/run/runner.h"
 #include "parallel/run/train.h"
 #include "parallel/tensor/ops.h"
 #include "tests/catch_compat.h"
@@ -118,4 +120,41 @@ TEST_CASE("bad training options are errors", "[models][train]") {
   o = TrainOptions{};
   o.model = "nope";
   REQUIRE_THROWS_AS(train(o, [](const StepResult&) {}), Error);
+}
+
+TEST_CASE("bench step times one step untraced and traced, a tracer's first and repeated",
+          "[models][bench]") {
+  StepBenchOptions o;
+  o.cfg.model = "transformer";
+  o.cfg.plan = "tp";
+  o.cfg.world_size = 2;
+  o.cfg.backend = "fake";
+  o.steps = 3;
+  o.rounds = 2;
+  const StepBenchResult r = bench_step(o);
+  TraceOptions t;
+  t.cfg = o.cfg;
+  const Trace one = trace_run(t)[0];
+  REQUIRE(one.event_count() > 0);
+  REQUIRE(r.events_per_step == one.event_count());
+  REQUIRE(r.recorded_events == 3 * one.event_count());
+  REQUIRE(r.stored_records == one.records.size());  // the repeats folded into the first
+  REQUIRE(r.traced_ranks == 1);
+  for (double s : {r.untraced_first_s, r.traced_first_s, r.untraced_repeat_s, r.traced_repeat_s}) {
+    REQUIRE(s > 0);
+  }
+  // Two rounds: each median is the rounds' mean, and a round's step is its steps' mean.
+  REQUIRE(r.traced_s == Approx((r.traced_first_s + 2 * r.traced_repeat_s) / 3));
+  REQUIRE(r.untraced_s == Approx((r.untraced_first_s + 2 * r.untraced_repeat_s) / 3));
+  REQUIRE(r.ratio_q1 > 0);
+  REQUIRE(r.ratio_q1 <= r.ratio_q3);
+  REQUIRE(r.ns_per_event_repeat() ==
+          Approx((r.traced_repeat_s - r.untraced_repeat_s) * 1e9 / double(r.events_per_step)));
+
+  o.steps = 1;  // no repeated step to time
+  const StepBenchResult single = bench_step(o);
+  REQUIRE(single.untraced_repeat_s == 0);
+  REQUIRE(single.traced_first_s == Approx(single.traced_s));
+  o.rounds = 0;
+  REQUIRE_THROWS_AS(bench_step(o), Error);
 }
