@@ -5,7 +5,8 @@ Scans every .h/.hpp/.cpp/.cu/.cuh file under kernels/ tracer/ parallel/ report/ 
 and reports each project include that crosses the table, as `file:line: ... [rule]`. Inside
 parallel/ the sub-folders are layers too, in the order tensor, comm, dtensor, nn, plans, run (a
 file includes its own folder and those before it), and of kernels/ only the device seam
-(kernels/base.h, kernels/backend.h) may be included.
+(kernels/base.h, kernels/backend.h) may be included. A source file in parallel/ longer than
+MAX_PARALLEL_LINES is reported too (its line 1): the runtime is split by concern, not grown.
 Exit status: 0 clean, 1 violations found (or self-test failed), 2 usage error.
 
     check_layers.py [ROOT]      check the tree at ROOT (default: the repository of this script)
@@ -44,6 +45,9 @@ PROJECT_FOLDERS = set(LAYERS) | {"tests"}
 # those before it. Of kernels/, parallel/ sees only the device seam.
 PARALLEL_ORDER = ["tensor", "comm", "dtensor", "nn", "plans", "run"]
 PARALLEL_KERNELS = {"kernels/base.h", "kernels/backend.h"}
+# The runtime's files stay near 500 lines; past this one a file is split by concern.
+MAX_PARALLEL_LINES = 550
+LENGTH_RULE = f"a parallel/ source file has at most {MAX_PARALLEL_LINES} lines: split it by concern"
 
 
 def parallel_rule(src_rel, target):
@@ -149,7 +153,11 @@ def check_tree(root):
                 rel = os.path.relpath(path, root).replace(os.sep, "/")
                 files += 1
                 with open(path, encoding="utf-8", errors="replace") as f:
-                    text = strip_comments(f.read())
+                    raw = f.read()
+                text = strip_comments(raw)
+                lines = raw.count("\n") + (0 if raw.endswith("\n") or not raw else 1)
+                if layer == "parallel" and lines > MAX_PARALLEL_LINES:
+                    violations.append((rel, 1, None, lines, LENGTH_RULE))
                 for lineno, line in enumerate(text.split("\n"), start=1):
                     m = INCLUDE_RE.match(line)
                     if not m:
@@ -182,10 +190,13 @@ def run_check(root):
               "is this the commtrace repository?", file=sys.stderr)
         return 2
     for rel, lineno, shown, target, rule in violations:
-        print(f"{rel}:{lineno}: #include {shown} -> {target} crosses the layer table "
-              f"[{rule}]")
+        if shown is None:
+            print(f"{rel}:{lineno}: {target} lines [{rule}]")
+        else:
+            print(f"{rel}:{lineno}: #include {shown} -> {target} crosses the layer table "
+                  f"[{rule}]")
     if violations:
-        print(f"check_layers: FAILED: {len(violations)} layer violation(s) in {files} files "
+        print(f"check_layers: FAILED: {len(violations)} violation(s) in {files} files "
               "(see DESIGN.md §1)")
         return 1
     print(f"check_layers: OK: {files} files, {checked} project includes, "
@@ -230,6 +241,9 @@ SELF_TEST_TREE = {
         '#include "parallel/nn/nn.h"\n#include "parallel/run/runner.h"  // BAD\n'
     ),
     "parallel/loose.cpp": '#include "parallel/tensor/ops.h"  // BAD\n',
+    # One line over the limit (reported at line 1); a file at the limit passes.
+    "parallel/nn/long.cpp": "// BAD\n" + "\n" * MAX_PARALLEL_LINES,
+    "parallel/nn/at_limit.cpp": "\n" * MAX_PARALLEL_LINES,
     "report/text.cpp": (
         '#include "report/text.h"\n'
         '#include "tracer/trace.h"\n'

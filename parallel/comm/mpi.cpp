@@ -1,6 +1,7 @@
 // The "mpi" launcher and backend: one process per rank, started by mpirun; collectives and
 // point-to-point ops on MPI, in one communicator per group (MPI_Comm_create_group, collective
-// over the group's ranks only). Built when CMake finds MPI (COMMTRACE_HAVE_MPI).
+// over the group's ranks only). Built when CMake finds MPI (COMMTRACE_HAVE_MPI); the launcher's
+// side and the watchdog are in mpi_process.cpp.
 //
 // No hangs, no silent desyncs:
 //   - every collective first exchanges its call description over the group (one small
@@ -13,76 +14,21 @@
 // Reductions use the threads backend's arithmetic, so both backends give the same bits: rank r
 // receives chunk r of every rank's buffer (MPI_Alltoallv), reduces the chunks with the CPU
 // kernels' reduce in rank order, and the reduced chunks are gathered (MPI_Allgatherv).
-#include <mpi.h>
-
-#include <array>
-#include <chrono>
+#include <algorithm>
 #include <climits>
-#include <condition_variable>
-#include <cstdio>
 #include <cstring>
-#include <thread>
 
 #include "kernels/backend.h"
-#include "parallel/comm/backend.h"
 #include "parallel/comm/launch.h"
+#include "parallel/comm/mpi_process.h"
 
 namespace commtrace {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-void check_mpi(int code, const char* what) {
-  if (code == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(code, text, &len);
-  throw Error(ErrorCode::Backend,
-              fmt::format("mpi backend: {} failed: {}", what, std::string(text, std::size_t(len))));
-}
-
-// The process's MPI, initialized on first use (MPI_THREAD_MULTIPLE: the watchdog aborts from its
-// own thread while the rank's thread waits in MPI) and finalized at exit. Errors are returned,
-// not fatal, so that they become commtrace errors naming the call.
-class MpiProcess {
- public:
-  static MpiProcess& get() {
-    static MpiProcess p;
-    return p;
-  }
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-
-  // Prints `message` (one line) to stderr and ends every process of the job with exit code 2.
-  [[noreturn]] void abort_job(const std::string& message) const {
-    std::fprintf(stderr, "commtrace: error: %s\n", message.c_str());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-    std::_Exit(2);  // MPI_Abort does not return; this keeps [[noreturn]] honest
-  }
-
- private:
-  MpiProcess() {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-      int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-      owns_ = true;
-    }
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
-  }
-  ~MpiProcess() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (owns_ && !finalized) MPI_Finalize();
-  }
-  bool owns_ = false;
-  int rank_ = 0, size_ = 1;
-};
+using mpi::check_mpi;
+using mpi::MpiProcess;
+using mpi::Watchdog;
 
 // An element of `bytes` bytes as an MPI type (data moves as opaque elements; reductions are the
 // CPU kernels'), so counts are in elements.
@@ -106,99 +52,6 @@ int count_of(std::int64_t n, const CallDesc& d) {
                   call_str(d), n, INT_MAX);
   return int(n);
 }
-
-// ---- the watchdog: a call that does not complete in time ends the job ----
-
-class Watchdog {
- public:
-  Watchdog(double timeout_s, int rank) : timeout_s_(timeout_s), rank_(rank) {
-    thread_ = std::thread([this] { loop(); });
-  }
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  Watchdog(const Watchdog&) = delete;
-  Watchdog& operator=(const Watchdog&) = delete;
-
-  // One call in flight, from construction to destruction: it must not take longer than the
-  // timeout. `label`, when given, names a call that is not a collective of the table.
-  class Scope {
-   public:
-    Scope(Watchdog& w, const CallDesc& d, std::uint64_t seq, const std::string& group,
-          const std::vector<int>& ranks, const char* label = nullptr)
-        : w_(w) {
-      std::lock_guard<std::mutex> lock(w_.mu_);
-      w_.active_ = true;
-      w_.current_ = Entry{d, label, seq, group, Clock::now(), {}};
-      w_.ranks_ = &ranks;
-    }
-    ~Scope() {
-      std::lock_guard<std::mutex> lock(w_.mu_);
-      w_.active_ = false;
-      w_.current_.end = Clock::now();
-      w_.history_[w_.recorded_++ % kHistory] = std::move(w_.current_);
-    }
-    Scope(const Scope&) = delete;
-    Scope& operator=(const Scope&) = delete;
-
-   private:
-    Watchdog& w_;
-  };
-
- private:
-  struct Entry {
-    CallDesc desc;
-    const char* label = nullptr;
-    std::uint64_t seq = 0;
-    std::string group;
-    Clock::time_point start, end;
-    std::string str() const { return label ? label : call_str(desc); }
-  };
-  static constexpr std::size_t kHistory = 8;
-
-  // Checks a few times per timeout; a late call ends the job with what this rank knows.
-  void loop() {
-    const auto tick = std::chrono::duration<double>(std::min(1.0, timeout_s_ / 4));
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stop_) {
-      cv_.wait_for(lock, tick);
-      if (stop_ || !active_) continue;
-      const double waited = std::chrono::duration<double>(Clock::now() - current_.start).count();
-      if (waited < timeout_s_) continue;
-      std::string msg = fmt::format(
-          "rank {} timed out after {}s in {} seq {} on group '{}' {{{}}}: a peer never joined "
-          "(stalled, exited, or waiting in another call)",
-          rank_, timeout_s_, current_.str(), current_.seq, current_.group,
-          fmt::join(*ranks_, ", "));
-      msg += fmt::format("\n  last collectives of rank {} (oldest first):", rank_);
-      const std::size_t n = std::min(recorded_, kHistory);
-      if (n == 0) msg += " none";
-      for (std::size_t i = recorded_ - n; i < recorded_; ++i) {
-        const Entry& e = history_[i % kHistory];
-        msg += fmt::format("\n    seq {} {} on '{}' ({:.3f} ms)", e.seq, e.str(), e.group,
-                           std::chrono::duration<double, std::milli>(e.end - e.start).count());
-      }
-      MpiProcess::get().abort_job(msg);
-    }
-  }
-
-  const double timeout_s_;
-  const int rank_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  bool active_ = false;
-  Entry current_;
-  const std::vector<int>* ranks_ = nullptr;  // of the call in flight; valid while active_
-  std::array<Entry, kHistory> history_;
-  std::size_t recorded_ = 0;
-  std::thread thread_;
-};
 
 // ---- the backend and its communicators ----
 
@@ -501,108 +354,9 @@ std::shared_ptr<Communicator> MpiBackend::make_communicator(const std::string& g
 
 }  // namespace
 
-// ---- the launcher side (backend.h) ----
-
-namespace mpi {
-
-Processes processes() {
-  const MpiProcess& p = MpiProcess::get();
-  return {p.rank(), p.size()};
-}
-
-std::shared_ptr<CommBackend> make_backend(std::shared_ptr<Job> job, double timeout_s) {
+// The launcher's side of the backend (the rest of namespace mpi is in mpi_process.cpp).
+std::shared_ptr<CommBackend> mpi::make_backend(std::shared_ptr<Job> job, double timeout_s) {
   return std::make_shared<MpiBackend>(std::move(job), timeout_s);
 }
-
-void run_rank(const std::shared_ptr<CommBackend>& backend,
-              const std::function<void(RankContext&)>& fn) {
-  const MpiProcess& p = MpiProcess::get();
-  Job& job = backend->job();
-  RankContext ctx(backend, p.rank());
-  try {
-    backend->start_rank(p.rank());
-    fn(ctx);
-  } catch (...) {
-    // Alone, the error goes back to the caller; with peers waiting for this rank, the job ends.
-    if (p.size() == 1) {
-      job.rank_failed(p.rank(), std::current_exception());
-    } else {
-      std::string what = "unknown exception";
-      try {
-        throw;
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      p.abort_job(fmt::format("rank {} failed: {}", p.rank(), what));
-    }
-  }
-  job.rank_finished(p.rank());
-}
-
-std::vector<std::string> gather_to_first(const std::string& mine, double timeout_s) {
-  const MpiProcess& p = MpiProcess::get();
-  if (p.size() == 1) return {mine};
-  std::vector<int> world(std::size_t(p.size()));
-  for (int i = 0; i < p.size(); ++i) world[std::size_t(i)] = i;
-  Watchdog watchdog(timeout_s, p.rank());
-  const Watchdog::Scope scope(watchdog, CallDesc{}, 0, "world", world,
-                              "the gather of every rank's trace to rank 0");
-  COMMTRACE_CHECK(mine.size() <= std::size_t(INT_MAX), ErrorCode::Unsupported,
-                  "mpi: {} bytes to gather from rank {}, more than MPI's int counts allow",
-                  mine.size(), p.rank());
-  const int len = int(mine.size());
-  std::vector<int> lens(std::size_t(p.size())), displs(std::size_t(p.size()));
-  check_mpi(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD),
-            "MPI_Gather of the trace sizes");
-  std::string all_bytes;
-  if (p.rank() == 0) {
-    std::int64_t total = 0;
-    for (int i = 0; i < p.size(); ++i) {
-      COMMTRACE_CHECK(total <= INT_MAX, ErrorCode::Unsupported,
-                      "mpi: the gathered traces exceed MPI's int counts ({} bytes)", total);
-      displs[std::size_t(i)] = int(total);
-      total += lens[std::size_t(i)];
-    }
-    all_bytes.resize(std::size_t(total));
-  }
-  check_mpi(MPI_Gatherv(mine.data(), len, MPI_CHAR, all_bytes.data(), lens.data(), displs.data(),
-                        MPI_CHAR, 0, MPI_COMM_WORLD),
-            "MPI_Gatherv of the traces");
-  std::vector<std::string> out;
-  if (p.rank() == 0) {
-    for (int i = 0; i < p.size(); ++i) {
-      out.push_back(
-          all_bytes.substr(std::size_t(displs[std::size_t(i)]), std::size_t(lens[std::size_t(i)])));
-    }
-  }
-  return out;
-}
-
-int local_rank() {
-  static const int local = [] {
-    MpiProcess::get();
-    MPI_Comm node = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
-              "MPI_Comm_split_type");
-    int r = 0;
-    MPI_Comm_rank(node, &r);
-    MPI_Comm_free(&node);
-    return r;
-  }();
-  return local;
-}
-
-std::string broadcast_from_first(const std::string& value) {
-  const MpiProcess& p = MpiProcess::get();
-  if (p.size() == 1) return value;
-  int len = int(value.size());
-  check_mpi(MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD), "MPI_Bcast of a length");
-  std::string out = p.rank() == 0 ? value : std::string(std::size_t(len), '\0');
-  check_mpi(MPI_Bcast(out.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD), "MPI_Bcast");
-  return out;
-}
-
-}  // namespace mpi
 
 }  // namespace commtrace

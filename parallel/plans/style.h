@@ -102,6 +102,8 @@ std::vector<std::string> parallelize_module(Module& model,
 // Names of modules under `root` (relative FQNs) that match `pattern`.
 std::vector<std::string> match_modules(Module& root, const std::string& pattern);
 
+// ---- plan files and the built-in plans (plan.cpp)
+
 // Plan JSON (schema in README): {"schema": "commtrace.plan", "version": "1.2", "model_input":
 // "Shard(0)", "model_output": "Replicate()", "loss_parallel": false, "plan": {"in_proj":
 // {"style": "ColwiseParallel", "input_layouts": "Shard(0)"}, ...}, "context_parallel":

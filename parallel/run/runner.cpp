@@ -1,13 +1,14 @@
+// The runner: a config's mesh, plan and device checked; each rank's model, plan and batch set up;
+// forward and loss, a training step, and trace_run. The gradient reductions are in grad_sync.cpp,
+// verify in verify.cpp.
 #include "parallel/run/runner.h"
-#include "kernels/backend.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <unordered_set>
+
+#include "kernels/backend.h"
 
 #include "parallel/dtensor/loss.h"
 #include "parallel/nn/optim.h"
@@ -85,6 +86,8 @@ Tensor slice_chunk(const Tensor& t, int dim, int w, int i) {
   return clone(narrow(t, dim, c.begin, c.size));
 }
 
+}  // namespace
+
 std::int64_t global_rows_scale(const Plan& plan, int dp, int tp) {
   if (plan.context_parallel) return dp;  // the sequence is sharded, not the rows
   COMMTRACE_CHECK(plan.model_input.is_replicate() || plan.model_input.is_shard(0),
@@ -93,8 +96,6 @@ std::int64_t global_rows_scale(const Plan& plan, int dp, int tp) {
                   plan.model_input.str());
   return std::int64_t(dp) * (plan.model_input.is_shard(0) ? tp : 1);
 }
-
-}  // namespace
 
 void check_device(const ParallelConfig& cfg) {
   const Device d = cfg.module.device;
@@ -228,208 +229,6 @@ StepOut forward_loss(RankState& s) {
   }
   out.loss = s.entry->loss(out.output, b);
   return out;
-}
-
-namespace {
-
-// Caps of DDP's buckets in bytes: {the first bucket's, the others'} (bucket_cap_mb; PyTorch's
-// default is 1 MiB for the first bucket, 25 MiB after it).
-std::pair<std::int64_t, std::int64_t> bucket_caps(double mb) {
-  if (mb == 0) return {std::int64_t(1) << 20, std::int64_t(25) << 20};
-  const auto bytes = std::max<std::int64_t>(1, std::int64_t(mb * 1024 * 1024));
-  return {bytes, bytes};
-}
-
-// PyTorch's compute_bucket_assignment_by_size over tensors in gradient-ready order: one open
-// bucket per dtype, closed once it holds at least its cap (the first cap for a dtype's first
-// bucket), in the order they close, then the open ones.
-std::vector<std::vector<const TensorImpl*>> assign_buckets(
-    const std::vector<const TensorImpl*>& order, std::pair<std::int64_t, std::int64_t> caps) {
-  struct Open {
-    DType dtype;
-    std::vector<const TensorImpl*> items;
-    std::int64_t bytes = 0;
-    bool first = true;
-  };
-  std::vector<Open> open;
-  std::vector<std::vector<const TensorImpl*>> out;
-  for (const TensorImpl* p : order) {
-    const Tensor g(p->grad);
-    const DType dt = g.dtype();
-    auto it = std::find_if(open.begin(), open.end(), [&](const Open& o) { return o.dtype == dt; });
-    if (it == open.end()) it = open.insert(open.end(), Open{dt, {}, 0, true});
-    it->items.push_back(p);
-    it->bytes += (is_dtensor(g) ? dist_of(g).local : g).numel() * std::int64_t(dtype_size(dt));
-    if (it->bytes >= (it->first ? caps.first : caps.second)) {
-      out.push_back(std::move(it->items));
-      it->items.clear();
-      it->bytes = 0;
-      it->first = false;
-    }
-  }
-  for (Open& o : open) {
-    if (!o.items.empty()) out.push_back(std::move(o.items));
-  }
-  return out;
-}
-
-// All-reduces the local gradients of `params` over `comm` as one flat buffer and hands each
-// parameter its slice back; a DTensor gradient's Partial placements become Replicate when
-// `resolve_partial` (the reduction is theirs). `reason` is formatted only when traced.
-template <class Reason>
-void all_reduce_flat(RankState& s, const std::vector<Tensor>& params, Communicator& comm,
-                     ReduceOp op, bool resolve_partial, Reason&& reason) {
-  std::vector<Tensor> flat_parts;
-  std::int64_t bytes = 0;
-  for (const Tensor& p : params) {
-    const Tensor g = p.grad();
-    const Tensor local = is_dtensor(g) ? dist_of(g).local : g;
-    flat_parts.push_back(view(local, {-1}));
-    bytes += local.numel() * std::int64_t(dtype_size(local.dtype()));
-  }
-  Tensor flat = flat_parts.size() == 1 ? clone(flat_parts[0]) : cat(flat_parts, 0);
-  {
-    const std::string why = Tracer::current() ? reason(bytes) : std::string();
-    const CollectiveScope scope(
-        CollectiveContext{why, {}, {}, &s.mesh->info(), s.mesh->uid(), flat.shape()});
-    comm.all_reduce(flat, op);
-  }
-  std::int64_t offset = 0;
-  for (Tensor p : params) {
-    const Tensor g = p.grad();
-    const Tensor local = is_dtensor(g) ? dist_of(g).local : g;
-    const Tensor part = view(narrow(flat, 0, offset, local.numel()), local.shape());
-    offset += local.numel();
-    if (!is_dtensor(g)) {
-      p.set_grad(part);
-      continue;
-    }
-    const DistSpec& d = dist_of(g);
-    Placements placements = d.placements;
-    for (Placement& pl : placements) {
-      if (resolve_partial && pl.is_partial()) pl = Placement::replicate();
-    }
-    p.set_grad(wrap_dtensor(part, d.mesh, placements, g.shape()));
-  }
-}
-
-void all_reduce_bucket(RankState& s, const std::vector<Tensor>& params, std::size_t index,
-                       std::size_t count) {
-  all_reduce_flat(s, params, *s.dp, ReduceOp::Avg, false, [&](std::int64_t bytes) {
-    return fmt::format("DDP bucket {} of {}: {} gradients, {} bytes, over '{}'", index, count,
-                       params.size(), bytes, s.mesh->dim_name(0));
-  });
-}
-
-}  // namespace
-
-void sync_data_parallel_grads(RankState& s) {
-  if (!s.dp) return;
-  PhaseScope phase(Phase::Backward);
-  std::vector<std::pair<std::string, Tensor>> params;
-  for (auto& [name, p] : s.model->named_parameters()) {
-    if (p.grad().defined()) params.emplace_back(name, p);
-  }
-  if (s.ddp.cap_mb < 0) {  // one all_reduce per gradient, in parameter order
-    for (const auto& [name, p] : params) {
-      Tensor g = p.grad();
-      Tensor local = is_dtensor(g) ? dist_of(g).local : g;
-      const std::string reason =
-          Tracer::current() ? fmt::format("DDP gradient of {} over '{}'", name, s.mesh->dim_name(0))
-                            : std::string();
-      const std::span<const Placement> pl = is_dtensor(g)
-                                                ? std::span<const Placement>(dist_of(g).placements)
-                                                : std::span<const Placement>();
-      const CollectiveScope scope(
-          CollectiveContext{reason, pl, pl, &s.mesh->info(), s.mesh->uid(), g.shape()});
-      s.dp->all_reduce(local, ReduceOp::Avg);
-    }
-    return;
-  }
-  std::map<const TensorImpl*, Tensor> by_impl;
-  for (const auto& [name, p] : params) by_impl.emplace(p.impl(), p);
-  std::vector<std::vector<const TensorImpl*>> buckets;
-  if (!s.ddp.rebuilt) {
-    // The first iteration: one bucket per dtype holding every gradient (PyTorch's DDP before
-    // its buckets are rebuilt); then the buckets of the later iterations, in ready order.
-    std::vector<const TensorImpl*> all;
-    for (const auto& [name, p] : params) all.push_back(p.impl());
-    buckets = assign_buckets(
-        all, {std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::max()});
-    std::vector<const TensorImpl*> ready;  // one backward listed each leaf once
-    for (const TensorImpl* p : s.ddp.ready) {
-      if (by_impl.count(p)) ready.push_back(p);
-    }
-    s.ddp.buckets = assign_buckets(ready, bucket_caps(s.ddp.cap_mb));
-    s.ddp.rebuilt = true;
-  } else {
-    buckets = s.ddp.buckets;
-  }
-  for (std::size_t b = 0; b < buckets.size(); ++b) {
-    std::vector<Tensor> members;
-    for (const TensorImpl* p : buckets[b]) {
-      auto it = by_impl.find(p);
-      COMMTRACE_CHECK(it != by_impl.end(), ErrorCode::InvalidArgument,
-                      "DDP: a parameter of bucket {} has no gradient in this iteration (DDP "
-                      "without find_unused_parameters needs every gradient)",
-                      b);
-      members.push_back(it->second);
-    }
-    all_reduce_bucket(s, members, b, buckets.size());
-  }
-}
-
-void coalesce_partial_grads(RankState& s) {
-  if (!s.plan.coalesce_partial_grads) return;
-  PhaseScope phase(Phase::Backward);
-  std::vector<Tensor> partial;
-  for (const auto& [name, p] : s.model->named_parameters()) {
-    const Tensor g = p.grad();
-    if (!g.defined() || !is_dtensor(g)) continue;
-    const Placements& pl = dist_of(g).placements;
-    COMMTRACE_CHECK(pl.size() == 1 && dist_of(g).mesh == s.tp, ErrorCode::Internal,
-                    "coalesced gradients: {} is not on the plan's 1-D mesh", name);
-    if (!pl[0].is_partial()) continue;
-    COMMTRACE_CHECK(pl[0].op == ReduceOp::Sum, ErrorCode::Unsupported,
-                    "coalesced gradients: {} is {}; only Partial(sum) is coalesced", name,
-                    pl[0].str());
-    partial.push_back(p);
-  }
-  if (partial.empty()) return;
-  all_reduce_flat(s, partial, s.tp->comm(0), ReduceOp::Sum, true, [&](std::int64_t bytes) {
-    return fmt::format(
-        "{} Partial gradients ({} bytes) over '{}' in one call (plan '{}': "
-        "coalesce_partial_grads)",
-        partial.size(), bytes, s.tp->dim_name(0), s.plan.name);
-  });
-}
-
-void sync_context_parallel_grads(RankState& s) {
-  if (!s.cp || s.cp->size(0) == 1) return;
-  PhaseScope phase(Phase::Backward);
-  std::vector<Tensor> params;
-  for (const auto& [name, p] : s.model->named_parameters()) {
-    if (p.grad().defined()) params.push_back(p);
-  }
-  if (params.empty()) return;
-  const bool avg = s.plan.context_parallel->param_grad_reduction == "avg";
-  all_reduce_flat(s, params, s.cp->comm(0), avg ? ReduceOp::Avg : ReduceOp::Sum, false,
-                  [&](std::int64_t bytes) {
-                    return fmt::format(
-                        "context parallel: {} parameter gradients ({} bytes) {} over '{}' in one "
-                        "call",
-                        params.size(), bytes, avg ? "averaged" : "summed", s.cp->dim_name(0));
-                  });
-}
-
-void finish_backward(RankState& s) {
-  coalesce_partial_grads(s);
-  sync_context_parallel_grads(s);
-  if (s.fsdp) {
-    s.fsdp->finish_backward();
-  } else {
-    sync_data_parallel_grads(s);
-  }
 }
 
 std::vector<Tensor> optimizer_parameters(const RankState& s) {
@@ -590,191 +389,6 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
     if (t) out.push_back(std::move(*t));
   }
   return out;
-}
-
-bool VerifyReport::pass() const {
-  for (const TensorCheck& c : checks) {
-    if (!c.pass) return false;
-  }
-  return !checks.empty();
-}
-
-namespace {
-
-using Values = std::map<std::string, std::vector<double>>;
-
-// Describes a constant factor between a and b when a ≈ r·b.
-std::string factor_of(const std::vector<double>& a, const std::vector<double>& b, int world,
-                      const MeshDims& dims, double tol) {
-  double ab = 0, bb = 0, scale = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    ab += a[i] * b[i];
-    bb += b[i] * b[i];
-    scale = std::max(scale, std::abs(b[i]));
-  }
-  if (bb == 0 || scale == 0) return "";
-  const double r = ab / bb;
-  double resid = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) resid = std::max(resid, std::abs(a[i] - r * b[i]));
-  if (resid / scale > 100 * tol || std::abs(r - 1) < 1e-6) return "";
-  std::vector<std::pair<double, std::string>> named{
-      {double(world), fmt::format("{} (world size)", world)},
-      {1.0 / world, fmt::format("1/{} (1/world size)", world)}};
-  for (const auto& [n, name] : {std::pair{dims.cp, "cp"}, {dims.tp, "tp"}, {dims.dp, "dp"}}) {
-    if (n == 1) continue;
-    named.emplace_back(double(n), fmt::format("{} ({} size)", n, name));
-    named.emplace_back(1.0 / n, fmt::format("1/{} (1/{} size)", n, name));
-  }
-  named.emplace_back(0.0, "0 (no gradient reached it)");
-  for (const auto& [v, text] : named) {
-    if (std::abs(r - v) <= 1e-3 * std::max(1.0, std::abs(v))) return "×" + text;
-  }
-  return fmt::format("×{:.6g}", r);
-}
-
-Values reference_run(const ParallelConfig& cfg, const Plan& plan, int dp, int tp) {
-  const ModelEntry& entry = resolve_model(cfg.model);
-  auto model = entry.build(cfg.seed, cfg.module);
-  Batch b = entry.batch(cfg.seed, cfg.module, global_rows_scale(plan, dp, tp));
-  const bool input_grad = cfg.input_requires_grad && is_floating(b.input.dtype());
-  if (input_grad) b.input.set_requires_grad(true);
-  Tensor out = (*model)(b.input);
-  // The reference is the loss over the whole batch on one device, except that DDP's average
-  // over dp (PyTorch's, not a plan's choice) is taken as given: a "sum" loss is divided by dp
-  // (a mean already is the mean of the replicas' means). A context-parallel reduction is what
-  // verify checks: "avg" is exact for mean losses, "sum" for a sum.
-  Tensor loss = entry.loss(out, b);
-  if (entry.loss_name == "sum" && dp > 1) loss = mul(loss, 1.0 / dp);
-  loss.backward();
-  Values v;
-  v["output"] = out.to_vector();
-  for (const auto& [name, p] : model->named_parameters()) {
-    if (!p.requires_grad()) continue;  // frozen
-    v[name + ".grad"] = p.grad().defined() ? p.grad().to_vector()
-                                           : std::vector<double>(std::size_t(p.numel()), 0.0);
-  }
-  if (input_grad) v["input.grad"] = b.input.grad().to_vector();
-  return v;
-}
-
-}  // namespace
-
-double default_tolerance(DType dt, bool tf32) {
-  if (dt == DType::BF16) return 5e-2;
-  return dt == DType::F32 && tf32 ? 1e-2 : 1e-5;
-}
-
-VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
-  COMMTRACE_CHECK(cfg.module.device != Device::Meta, ErrorCode::InvalidArgument,
-                  "verify: compares values, so it runs on cpu or cuda (got meta)");
-  check_device(cfg);
-  const Plan plan = config_plan(cfg);
-  const MeshDims dims = mesh_dims(cfg, plan);
-  const int dp = dims.dp, tp = dims.tp;
-  COMMTRACE_CHECK(cfg.backend == "threads" || cfg.backend == "mpi" || cfg.backend == "nccl",
-                  ErrorCode::InvalidArgument,
-                  "verify: runs on the threads, mpi or nccl backend (got {})", cfg.backend);
-  LaunchOptions lo;
-  lo.launcher = launcher_for(cfg.backend);
-  lo.backend = cfg.backend;
-  lo.timeout_s = cfg.timeout_s;
-  // With one process per rank, process 0 (rank 0) holds the gathered tensors and compares.
-  const bool reports = processes_of(lo.launcher).rank == 0;
-  const Values ref = reports ? reference_run(cfg, plan, dp, tp) : Values{};
-
-  Values par;
-  std::vector<std::string> warnings;  // rank 0's: every rank parallelizes alike
-  std::mutex mu;
-  launch(
-      cfg.world_size,
-      [&](RankContext& ctx) {
-        RankState s = setup_rank(ctx, cfg);
-        StepOut step = forward_loss(s);
-        step.loss.backward();
-        finish_backward(s);
-        Values mine;
-        Tensor output = step.output;
-        if (s.cp) {  // this rank's sub-sequence of every row: joined along dim 1 first
-          NoGradGuard no_grad;
-          Shape global = output.shape();
-          global[1] *= s.cp->size(0);
-          output = full_tensor(from_local(output, s.cp, {Placement::shard(1)}, global));
-        }
-        mine["output"] = gather_full(s, output, true).to_vector();
-        for (const auto& [name, p] : s.model->named_parameters()) {
-          if (!p.requires_grad()) continue;  // frozen
-          const Tensor g = parameter_grad(s, name, p);
-          mine[name + ".grad"] = g.defined() ? gather_full(s, g, false).to_vector()
-                                             : std::vector<double>(std::size_t(p.numel()), 0.0);
-        }
-        if (s.batch.input.requires_grad()) {
-          Tensor g = s.batch.input.grad();
-          if (s.plan.model_input.is_shard(0)) {
-            Shape global = g.shape();
-            global[0] *= s.tp->size(0);
-            g = from_local(g, s.tp, {Placement::shard(0)}, global);
-          }
-          // DDP averages parameter gradients over "dp", not input gradients: the run's loss is the
-          // mean of the replicas' losses, so its input gradient is the local one over dp.
-          g = gather_full(s, g, true);
-          mine["input.grad"] = (s.dp ? mul(g, 1.0 / s.dp->size()) : g).to_vector();
-        }
-        if (ctx.rank() == 0) {
-          std::lock_guard<std::mutex> lock(mu);
-          par = std::move(mine);
-          warnings = s.warnings;
-        }
-      },
-      lo);
-
-  VerifyReport report;
-  report.reported = reports;
-  if (!reports) return report;
-  if (cfg.input_requires_grad && !ref.count("input.grad")) {
-    report.note = "the model's input is integer tokens: --input-requires-grad has no effect";
-  }
-  for (const std::string& w : warnings) {
-    if (!report.note.empty()) report.note += "; ";
-    report.note += w;
-  }
-  if (const auto& frozen = resolve_model(cfg.model).freeze; !frozen.empty()) {
-    if (!report.note.empty()) report.note += "; ";
-    report.note += fmt::format("parameters frozen by {} have no gradient and are not compared",
-                               fmt::join(frozen, ", "));
-  }
-  // A tensor's scale is its largest entry, but at least 1e-3 of the largest gradient entry of the
-  // reference run: a gradient that is exactly zero in exact arithmetic (the key projection's
-  // bias, which softmax cancels) holds only rounding noise, relative to the gradients around it.
-  double grad_scale = 0;
-  for (const auto& [name, b] : ref) {
-    if (name == "output") continue;
-    for (double x : b) grad_scale = std::max(grad_scale, std::abs(x));
-  }
-  for (const auto& [name, b] : ref) {
-    TensorCheck c;
-    c.name = name;
-    auto it = par.find(name);
-    if (it == par.end() || it->second.size() != b.size()) {
-      c.max_rel_err = std::numeric_limits<double>::infinity();
-      c.factor = it == par.end() ? "missing in the parallel run" : "size differs";
-      report.checks.push_back(c);
-      continue;
-    }
-    const std::vector<double>& a = it->second;
-    double diff = 0, scale = 0;
-    for (std::size_t i = 0; i < b.size(); ++i) {
-      diff = std::max(diff, std::abs(a[i] - b[i]));
-      scale = std::max(scale, std::abs(b[i]));
-    }
-    if (name != "output") scale = std::max(scale, 1e-3 * grad_scale);
-    c.max_rel_err = scale > 0 ? diff / scale : diff;
-    c.pass = c.max_rel_err <= tolerance;
-    if (!c.pass) {
-      c.factor = factor_of(a, b, cfg.world_size, dims, tolerance);
-    }
-    report.checks.push_back(c);
-  }
-  return report;
 }
 
 }  // namespace commtrace

@@ -97,6 +97,10 @@ std::vector<Tensor> optimizer_parameters(const RankState& s);
 // untraced all_gather): a DTensor on the plan's mesh when the parameter is one.
 Tensor parameter_grad(const RankState& s, const std::string& name, const Tensor& param);
 
+// The global batch's rows per model batch: dp, times tp when the plan's input is Shard(0) (a
+// context-parallel plan shards the sequence, not the rows). InvalidArgument for another input.
+std::int64_t global_rows_scale(const Plan& plan, int dp, int tp);
+
 // Builds the model from cfg.seed (identical on every rank), parallelizes it and slices the
 // global batch: over "dp" along dim 0, then over "tp" when the plan's input is Shard(0), or
 // along the sequence (dim 1) over "cp" with a context-parallel plan.
