@@ -703,6 +703,11 @@ int cmd_bench_step(BenchArgs& a) {
         r.untraced_repeat_s > 0 ? r.traced_repeat_s / r.untraced_repeat_s : 0.0);
   }
   fmt::print(
+      "  cpu per step      {:>10.1f} us  (rank 0's thread, waits excluded; untraced {:.1f} us: "
+      "{:.3f})\n",
+      r.traced_cpu_s * 1e6, r.untraced_cpu_s * 1e6,
+      r.untraced_cpu_s > 0 ? r.traced_cpu_s / r.untraced_cpu_s : 0.0);
+  fmt::print(
       "  stored record     {:>10} B   (with its arguments and tables; {} stored for {} "
       "recorded: identical iterations fold)\n",
       r.record_bytes, r.stored_records, r.recorded_events);

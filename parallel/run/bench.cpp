@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -21,6 +22,13 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The seconds of CPU this thread has used: its waits (for other ranks) excluded.
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
 
 // The q-quantile of v (linear between neighbours); 0 when empty.
@@ -51,7 +59,7 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
 
   StepBenchResult result;
   struct Samples {
-    std::vector<double> step, first, repeat;  // per round
+    std::vector<double> step, first, repeat, cpu;  // per round
   } untraced, traced;
   std::mutex mu;
   LaunchOptions lo;
@@ -75,12 +83,14 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
             std::optional<TracerActivation> on;
             if (with && traces) on.emplace(tr);
             const Clock::time_point t0 = Clock::now();
+            const double cpu0 = thread_cpu_s();
             Clock::time_point t1 = t0;
             for (int i = 0; i < o.steps; ++i) {
               train_step(s, opt);
               if (on) tr.next_iteration();
               if (i == 0) t1 = Clock::now();
             }
+            const double cpu = thread_cpu_s() - cpu0;
             const Clock::time_point end = o.steps == 1 ? t1 : Clock::now();
             const double total = std::chrono::duration<double>(end - t0).count();
             on.reset();
@@ -91,6 +101,7 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
             into.step.push_back(total / o.steps);
             into.first.push_back(first);
             if (o.steps > 1) into.repeat.push_back((total - first) / (o.steps - 1));
+            into.cpu.push_back(cpu / o.steps);
             if (!with) continue;
             const Trace t = tr.take();
             result.recorded_events = t.event_count();
@@ -109,6 +120,8 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
   result.traced_first_s = median(traced.first);
   result.untraced_repeat_s = median(untraced.repeat);
   result.traced_repeat_s = median(traced.repeat);
+  result.untraced_cpu_s = median(untraced.cpu);
+  result.traced_cpu_s = median(traced.cpu);
   std::vector<double> ratios;
   for (std::size_t i = 0; i < traced.step.size(); ++i) {
     ratios.push_back(traced.step[i] / untraced.step[i]);

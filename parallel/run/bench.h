@@ -27,7 +27,10 @@ struct StepBenchResult {
   double untraced_first_s = 0, traced_first_s = 0;
   double untraced_repeat_s = 0, traced_repeat_s = 0;  // 0 with one step per round
   double ratio_q1 = 0, ratio_q3 = 0;                  // quartiles of the rounds' traced / untraced
-  std::uint64_t events_per_step = 0;                  // records per traced rank and step
+  // Rank 0's thread's CPU seconds per step: its waits for the other ranks excluded (on the
+  // threads backend, where the ranks share the cores, the wall time is largely the scheduler's).
+  double untraced_cpu_s = 0, traced_cpu_s = 0;
+  std::uint64_t events_per_step = 0;  // records per traced rank and step
   int traced_ranks = 0;
   std::size_t record_bytes = 0;    // a stored record, its arguments and its share of the tables
   std::size_t stored_records = 0;  // of the last traced sample (identical iterations folded)

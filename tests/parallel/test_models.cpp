@@ -148,6 +148,11 @@ TEST_CASE("bench step times one step untraced and traced, a tracer's first and r
   REQUIRE(r.untraced_s == Approx((r.untraced_first_s + 2 * r.untraced_repeat_s) / 3));
   REQUIRE(r.ratio_q1 > 0);
   REQUIRE(r.ratio_q1 <= r.ratio_q3);
+  // One rank on its thread: its CPU time lies within the wall time of the same steps.
+  REQUIRE(r.untraced_cpu_s > 0);
+  REQUIRE(r.traced_cpu_s > 0);
+  REQUIRE(r.untraced_cpu_s <= r.untraced_s * 1.05);
+  REQUIRE(r.traced_cpu_s <= r.traced_s * 1.05);
   REQUIRE(r.ns_per_event_repeat() ==
           Approx((r.traced_repeat_s - r.untraced_repeat_s) * 1e9 / double(r.events_per_step)));
 
