@@ -161,7 +161,7 @@ std::shared_ptr<CommBackend> make_fake_backend(std::shared_ptr<Job> job);
 std::shared_ptr<CommBackend> make_nccl_backend(std::shared_ptr<Job> job, double timeout_s,
                                                bool one_process_per_rank);
 
-// The one-process-per-rank launcher and its backend (mpi.cpp), in builds with MPI
+// The one-process-per-rank launcher and its backend (mpi.cpp, mpi_process.cpp), in builds with MPI
 // (COMMTRACE_HAVE_MPI). MPI is initialized on first use and finalized at exit.
 namespace mpi {
 Processes processes();

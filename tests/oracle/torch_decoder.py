@@ -153,7 +153,7 @@ class Transformer(nn.Module):
 
 
 def parallelize(model, mesh, plan):
-    """commtrace's built-in decoder plans (parallel/plans/style.cpp), with torch's styles.
+    """commtrace's built-in decoder plans (parallel/plans/plan.cpp), with torch's styles.
     "megatron" is tp with the logits left vocab-sharded and loss parallel (Megatron's
     vocab-parallel cross-entropy); megatron-sp's coalesced gradient all_reduce has no PyTorch
     counterpart and is not built here."""
