@@ -168,9 +168,11 @@ Processes processes();
 // REQUIRES: timeout_s > 0 (the watchdog's limit for one call).
 std::shared_ptr<CommBackend> make_backend(std::shared_ptr<Job> job, double timeout_s);
 // Runs this process's rank. A rank that throws with peers ends the job (MPI_Abort) after
-// printing its error; alone, the error is failed in the Job like the threads launcher does.
+// printing its error; alone, the error is failed in the Job like the threads launcher does. A
+// rank that returns waits for its peers in a barrier that times out after 2 × timeout_s (not
+// in MPI_Finalize, which has no timeout), so that a peer stuck in a collective reports first.
 void run_rank(const std::shared_ptr<CommBackend>& backend,
-              const std::function<void(RankContext&)>& fn);
+              const std::function<void(RankContext&)>& fn, double timeout_s);
 std::vector<std::string> gather_to_first(const std::string& mine, double timeout_s);
 std::string broadcast_from_first(const std::string& value);
 // This process's index among the job's processes on its machine (which GPU it takes).

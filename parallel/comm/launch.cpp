@@ -26,7 +26,7 @@ std::vector<std::string> names_of(const Table& table) {
 // One thread per rank of this process. A rank that throws is failed in the Job (which aborts
 // the others); a thread that cannot start fails its rank the same way.
 void run_threads(const std::shared_ptr<CommBackend>& backend, std::span<const int> ranks,
-                 const RankFn& fn) {
+                 const RankFn& fn, double /*timeout_s: the backend's*/) {
   Job& job = backend->job();
   std::vector<std::thread> threads;
   threads.reserve(ranks.size());
@@ -54,7 +54,8 @@ void run_threads(const std::shared_ptr<CommBackend>& backend, std::span<const in
 // in this process has none (one process: a gather or broadcast is the value itself).
 struct LauncherEntry {
   const char* name;
-  void (*run)(const std::shared_ptr<CommBackend>&, std::span<const int>, const RankFn&);
+  void (*run)(const std::shared_ptr<CommBackend>&, std::span<const int>, const RankFn&,
+              double timeout_s);
   Processes (*processes)();
   std::vector<std::string> (*gather)(const std::string& mine, double timeout_s);
   std::string (*broadcast)(const std::string& value);
@@ -63,9 +64,8 @@ constexpr LauncherEntry kLaunchers[] = {
     {"threads", run_threads, nullptr, nullptr, nullptr},
 #ifdef COMMTRACE_HAVE_MPI
     {"mpi",
-     [](const std::shared_ptr<CommBackend>& b, std::span<const int>, const RankFn& fn) {
-       mpi::run_rank(b, fn);
-     },
+     [](const std::shared_ptr<CommBackend>& b, std::span<const int>, const RankFn& fn,
+        double timeout_s) { mpi::run_rank(b, fn, timeout_s); },
      mpi::processes, mpi::gather_to_first, mpi::broadcast_from_first},
 #endif
 };
@@ -319,7 +319,7 @@ void launch(int world_size, const std::function<void(RankContext&)>& fn,
   // One process per rank: this process runs its own.
   const int launched = launcher->processes ? 1 : int(ranks.size());
   auto job = std::make_shared<Job>(world_size, launched);
-  launcher->run(backend->make(job, options), ranks, fn);
+  launcher->run(backend->make(job, options), ranks, fn, options.timeout_s);
   job->rethrow_first_error();
 }
 
