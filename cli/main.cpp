@@ -700,13 +700,12 @@ int cmd_bench_step(BenchArgs& a) {
         "    repeated steps  {:>10.0f} ns  (each event compared with the previous step's: "
         "{:.1f} / {:.1f} us = {:.3f})\n",
         r.ns_per_event_repeat(), r.traced_repeat_s * 1e6, r.untraced_repeat_s * 1e6,
-        r.untraced_repeat_s > 0 ? r.traced_repeat_s / r.untraced_repeat_s : 0.0);
+        r.ratio_repeat());
   }
   fmt::print(
       "  cpu per step      {:>10.1f} us  (rank 0's thread, waits excluded; untraced {:.1f} us: "
       "{:.3f})\n",
-      r.traced_cpu_s * 1e6, r.untraced_cpu_s * 1e6,
-      r.untraced_cpu_s > 0 ? r.traced_cpu_s / r.untraced_cpu_s : 0.0);
+      r.traced_cpu_s * 1e6, r.untraced_cpu_s * 1e6, r.ratio_cpu());
   fmt::print(
       "  stored record     {:>10} B   (with its arguments and tables; {} stored for {} "
       "recorded: identical iterations fold)\n",

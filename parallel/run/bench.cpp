@@ -20,9 +20,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+double seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
 }
+double seconds_since(Clock::time_point t0) { return seconds(t0, Clock::now()); }
 
 // The seconds of CPU this thread has used: its waits (for other ranks) excluded.
 double thread_cpu_s() {
@@ -92,12 +93,12 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
             }
             const double cpu = thread_cpu_s() - cpu0;
             const Clock::time_point end = o.steps == 1 ? t1 : Clock::now();
-            const double total = std::chrono::duration<double>(end - t0).count();
+            const double total = seconds(t0, end);
             on.reset();
             if (ctx.rank() != 0) continue;
             std::lock_guard<std::mutex> lock(mu);
             Samples& into = with ? traced : untraced;
-            const double first = std::chrono::duration<double>(t1 - t0).count();
+            const double first = seconds(t0, t1);
             into.step.push_back(total / o.steps);
             into.first.push_back(first);
             if (o.steps > 1) into.repeat.push_back((total - first) / (o.steps - 1));
@@ -124,7 +125,7 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
   result.traced_cpu_s = median(traced.cpu);
   std::vector<double> ratios;
   for (std::size_t i = 0; i < traced.step.size(); ++i) {
-    ratios.push_back(traced.step[i] / untraced.step[i]);
+    ratios.push_back(StepBenchResult::ratio(traced.step[i], untraced.step[i]));
   }
   result.ratio_q1 = quantile(ratios, 0.25);
   result.ratio_q3 = quantile(ratios, 0.75);

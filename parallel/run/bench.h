@@ -35,7 +35,12 @@ struct StepBenchResult {
   std::size_t record_bytes = 0;    // a stored record, its arguments and its share of the tables
   std::size_t stored_records = 0;  // of the last traced sample (identical iterations folded)
   std::uint64_t recorded_events = 0;
-  double ratio() const { return untraced_s > 0 ? traced_s / untraced_s : 0.0; }
+  double ratio() const { return ratio(traced_s, untraced_s); }
+  double ratio_repeat() const { return ratio(traced_repeat_s, untraced_repeat_s); }
+  double ratio_cpu() const { return ratio(traced_cpu_s, untraced_cpu_s); }
+  static double ratio(double traced, double untraced) {
+    return untraced > 0 ? traced / untraced : 0.0;
+  }
   // (traced - untraced) per event of one rank's stream; negative means within noise.
   double ns_per_event() const { return ns_per_event(traced_s, untraced_s); }
   double ns_per_event_first() const { return ns_per_event(traced_first_s, untraced_first_s); }
