@@ -227,8 +227,7 @@ std::int64_t JsonReader::integer(const Json& j, const JsonPath& path, std::int64
     return std::int64_t(v);
   }
   if (!j.is_number_integer()) {
-    fail(path,
-         fmt::format("expected an integer, got {}", j.is_number() ? "a fraction" : type_name(j)));
+    fail(path, fmt::format("expected an integer, got {}", j.is_number() ? j.dump() : type_name(j)));
   }
   const std::int64_t v = j.get<std::int64_t>();
   if (v < lo || v > hi) fail(path, fmt::format("{} is out of range [{}, {}]", v, lo, hi));
@@ -239,7 +238,7 @@ std::uint64_t JsonReader::unsigned_integer(const Json& j, const JsonPath& path) 
   if (j.is_number_unsigned()) return j.get<std::uint64_t>();
   if (j.is_number_integer()) fail(path, fmt::format("{} must not be negative", j.dump()));
   fail(path, fmt::format("expected a non-negative integer, got {}",
-                         j.is_number() ? "a fraction" : type_name(j)));
+                         j.is_number() ? j.dump() : type_name(j)));
 }
 
 bool names_a_file(std::string_view arg) {

@@ -336,6 +336,14 @@ TEST_CASE("trace json: errors name the source and the JSON path", "[report][json
     REQUIRE(message_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
             at + "[0].inputs[0].shape[0]: expected an integer, got string");
   }
+  SECTION("a number that is not an integer names itself") {
+    records[0]["inputs"][0]["shape"][0] = 2.5;
+    REQUIRE(message_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
+            at + "[0].inputs[0].shape[0]: expected an integer, got 2.5");
+    records[0]["inputs"][0]["shape"][0] = 1e30;
+    REQUIRE(message_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
+            at + "[0].inputs[0].shape[0]: expected an integer, got 1e+30");
+  }
   SECTION("module index out of range") {
     records[4]["module"] = 99;
     const std::string msg = message_of([&] { read_trace_json(j.dump(), "t.json"); });
