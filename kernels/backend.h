@@ -254,6 +254,13 @@ class Kernels {
                       int n_dsts, i64 begin, i64 end) const = 0;
 };
 
+// Host memory: the cpu backend's storage live in this process (every rank's thread) may not
+// exceed the limit, by default the machine's physical memory; an allocation past it throws
+// Backend (instead of the kernel killing an overcommitted process). 0 restores the default.
+std::uint64_t host_memory_limit();
+void set_host_memory_limit(std::uint64_t bytes);
+std::uint64_t host_memory_held();
+
 // The kernels of a device type. Throws Unsupported for a device this build has no kernels for.
 const Kernels& kernels_for(Device d);
 // True when this build has kernels for the device type and (cuda) a device is visible.

@@ -4,7 +4,9 @@
 // rounded once. Internal: callers reach it through kernels_for(Device::CPU).
 #include <cblas.h>
 #include <dlfcn.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -17,6 +19,23 @@
 
 namespace commtrace {
 namespace {
+
+// ---- host memory budget ----
+
+// Bytes of cpu storage live in the process (all ranks' threads), and the most it may hold.
+std::atomic<std::uint64_t> g_host_held{0};
+std::atomic<std::uint64_t> g_host_limit{0};  // 0: the machine's physical memory
+
+std::uint64_t physical_memory() {
+  static const std::uint64_t bytes = [] {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? std::uint64_t(pages) * std::uint64_t(page)
+                                 : std::numeric_limits<std::uint64_t>::max();
+  }();
+  return bytes;
+}
+
+double gib(std::uint64_t bytes) { return double(bytes) / double(1ull << 30); }
 
 // ---- OpenBLAS ----
 
@@ -139,12 +158,29 @@ class CpuKernels final : public Kernels {
   void* allocate(std::size_t bytes, int ordinal) const override {
     COMMTRACE_CHECK(ordinal == 0, ErrorCode::InvalidArgument,
                     "allocate: cpu device ordinal {} is out of range [0, 1)", ordinal);
+    // Checked before malloc: Linux overcommits, so a model too large for the machine would
+    // otherwise be killed by the kernel when its pages are touched, with no message.
+    const std::uint64_t held = g_host_held.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    const std::uint64_t limit = host_memory_limit();
+    if (held > limit) {
+      g_host_held.fetch_sub(bytes, std::memory_order_relaxed);
+      COMMTRACE_CHECK(
+          false, ErrorCode::Backend,
+          "allocate: cpu: {:.2f} GiB more would hold {:.2f} GiB of host memory, more "
+          "than the {:.2f} GiB {}; --device meta traces the shapes without data",
+          gib(bytes), gib(held), gib(limit),
+          g_host_limit.load(std::memory_order_relaxed) ? "allowed" : "this machine has");
+    }
     void* p = std::malloc(bytes == 0 ? 1 : bytes);
+    if (p == nullptr) g_host_held.fetch_sub(bytes, std::memory_order_relaxed);
     COMMTRACE_CHECK(p != nullptr, ErrorCode::Backend, "allocate: cpu out of memory ({} bytes)",
                     bytes);
     return p;
   }
-  void deallocate(void* p, std::size_t, int) const override { std::free(p); }
+  void deallocate(void* p, std::size_t bytes, int) const override {
+    std::free(p);
+    g_host_held.fetch_sub(bytes, std::memory_order_relaxed);
+  }
   void copy(void* dst, const void* src, std::size_t bytes) const override {
     if (bytes) std::memcpy(dst, src, bytes);
   }
@@ -557,6 +593,15 @@ static void single_threaded_blas() {
     shutdown();
   }
 }
+
+std::uint64_t host_memory_limit() {
+  const std::uint64_t l = g_host_limit.load(std::memory_order_relaxed);
+  return l ? l : physical_memory();
+}
+void set_host_memory_limit(std::uint64_t bytes) {
+  g_host_limit.store(bytes, std::memory_order_relaxed);
+}
+std::uint64_t host_memory_held() { return g_host_held.load(std::memory_order_relaxed); }
 
 const Kernels& cpu_backend() {
   static const CpuKernels k = [] {

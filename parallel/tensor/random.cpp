@@ -1,6 +1,8 @@
 #include "parallel/tensor/random.h"
 
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 namespace commtrace {
@@ -29,31 +31,39 @@ double Generator::normal() {
 }
 
 namespace {
-template <class F>
+// The tensor first (its allocation is what may fail), then its values drawn in order a chunk
+// at a time: host memory stays bounded however large the tensor.
+template <class T, class F>
 Tensor generate(const Shape& shape, DType dtype, Device device, F draw) {
-  if (device == Device::Meta) return Tensor::empty(shape, dtype, device);
-  std::vector<double> v(std::size_t(numel(shape)));
-  for (double& x : v) x = draw();
-  return Tensor::from_vector(v, shape, dtype, device);
+  Tensor t = Tensor::empty(shape, dtype, device);
+  if (device == Device::Meta) return t;
+  constexpr std::int64_t kChunk = 1 << 16;
+  const std::int64_t n = t.numel();
+  std::vector<T> v(std::size_t(std::min(n, kChunk)));
+  for (std::int64_t done = 0; done < n; done += kChunk) {
+    const std::int64_t k = std::min(kChunk, n - done);
+    for (std::int64_t i = 0; i < k; ++i) v[std::size_t(i)] = draw();
+    t.write_host(done, v.data(), std::is_same_v<T, double> ? DType::F64 : DType::I64, k);
+  }
+  return t;
 }
 }  // namespace
 
 Tensor randn(const Shape& shape, Generator& gen, DType dtype, Device device) {
-  return generate(shape, dtype, device, [&] { return gen.normal(); });
+  return generate<double>(shape, dtype, device, [&] { return gen.normal(); });
 }
 
 Tensor rand_uniform(const Shape& shape, double lo, double hi, Generator& gen, DType dtype,
                     Device device) {
-  return generate(shape, dtype, device, [&] { return lo + (hi - lo) * gen.uniform(); });
+  return generate<double>(shape, dtype, device, [&] { return lo + (hi - lo) * gen.uniform(); });
 }
 
 Tensor randint(const Shape& shape, std::int64_t lo, std::int64_t hi, Generator& gen,
                Device device) {
   COMMTRACE_CHECK(hi > lo, ErrorCode::InvalidArgument, "randint: empty range [{}, {})", lo, hi);
-  if (device == Device::Meta) return Tensor::empty(shape, DType::I64, device);
-  std::vector<std::int64_t> v(std::size_t(numel(shape)));
-  for (auto& x : v) x = lo + std::int64_t(gen.next_u64() % std::uint64_t(hi - lo));
-  return Tensor::from_indices(v, shape, device);
+  return generate<std::int64_t>(shape, DType::I64, device, [&] {
+    return lo + std::int64_t(gen.next_u64() % std::uint64_t(hi - lo));
+  });
 }
 
 }  // namespace commtrace

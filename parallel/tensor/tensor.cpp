@@ -1,5 +1,7 @@
 #include "parallel/tensor/tensor.h"
 
+#include <algorithm>
+
 #include "kernels/backend.h"
 #include "parallel/tensor/autograd.h"
 #include "parallel/tensor/memory.h"
@@ -51,16 +53,25 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
   return t;
 }
 
-namespace {
-// Host values of host_dt into t (any device): converted on the host, then copied.
-void upload(const void* host, DType host_dt, const Tensor& t) {
-  if (t.is_meta()) return;
-  const std::int64_t n = t.numel();
-  std::vector<unsigned char> staged(std::size_t(n) * dtype_size(t.dtype()));
-  kernels_for(Device::CPU).convert(host, host_dt, staged.data(), t.dtype(), n);
-  kernels_for(t.device()).copy_from_host(t.data_ptr(), staged.data(), staged.size());
+void Tensor::write_host(std::int64_t at, const void* host, DType host_dt, std::int64_t n) const {
+  const TensorImpl& t = checked();
+  COMMTRACE_CHECK(at >= 0 && n >= 0 && at + n <= numel(), ErrorCode::InvalidArgument,
+                  "write_host: elements [{}, {}) of a tensor of {}", at, at + n, numel());
+  if (t.device == Device::Meta) return;
+  // Converted on the host a chunk at a time, so staging never doubles a large tensor.
+  constexpr std::int64_t kChunk = 1 << 16;
+  const std::size_t in = dtype_size(host_dt), out = dtype_size(t.dtype);
+  std::vector<unsigned char> staged(std::size_t(std::min(n, kChunk)) * out);
+  const Kernels& cpu = kernels_for(Device::CPU);
+  const Kernels& dev = kernels_for(t.device);
+  for (std::int64_t done = 0; done < n; done += kChunk) {
+    const std::int64_t k = std::min(kChunk, n - done);
+    cpu.convert(static_cast<const unsigned char*>(host) + std::size_t(done) * in, host_dt,
+                staged.data(), t.dtype, k);
+    dev.copy_from_host(static_cast<unsigned char*>(data_ptr()) + std::size_t(at + done) * out,
+                       staged.data(), std::size_t(k) * out);
+  }
 }
-}  // namespace
 
 Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape, DType dtype,
                            Device device) {
@@ -68,7 +79,7 @@ Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape
                   "from_vector: {} values for shape {} ({} elements)", values.size(),
                   shape_str(shape), commtrace::numel(shape));
   Tensor t = empty(shape, dtype, device);
-  upload(values.data(), DType::F64, t);
+  t.write_host(0, values.data(), DType::F64, t.numel());
   return t;
 }
 
@@ -77,7 +88,7 @@ Tensor Tensor::from_indices(const std::vector<std::int64_t>& values, const Shape
   COMMTRACE_CHECK(std::int64_t(values.size()) == commtrace::numel(shape), ErrorCode::ShapeMismatch,
                   "from_indices: {} values for shape {}", values.size(), shape_str(shape));
   Tensor t = empty(shape, DType::I64, device);
-  upload(values.data(), DType::I64, t);
+  t.write_host(0, values.data(), DType::I64, t.numel());
   return t;
 }
 

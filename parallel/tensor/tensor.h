@@ -83,6 +83,9 @@ class Tensor {
                             DType dtype = DType::F32, Device device = Device::CPU);
   static Tensor from_indices(const std::vector<std::int64_t>& values, const Shape& shape,
                              Device device = Device::CPU);
+  // Writes n host values of host_dt (f64 or i64, converted to the tensor's dtype) into elements
+  // [at, at + n), staged in bounded chunks (any device; nothing on meta).
+  void write_host(std::int64_t at, const void* host, DType host_dt, std::int64_t n) const;
 
   bool defined() const { return impl_ != nullptr; }
   TensorImpl* impl() const { return impl_.get(); }

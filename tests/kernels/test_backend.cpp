@@ -749,6 +749,24 @@ TEST_CASE("cpu memory: allocate, copy and the ordinal", "[backend][memory]") {
   REQUIRE(acc_dtype(DType::BF16) == DType::F32);
 }
 
+TEST_CASE("cpu memory: live storage is counted and held under a limit", "[backend][memory]") {
+  REQUIRE(host_memory_limit() > 0);
+  const std::uint64_t before = host_memory_held();
+  void* a = cpu().allocate(4096, 0);
+  REQUIRE(host_memory_held() == before + 4096);
+  set_host_memory_limit(before + 4096 + 1024);
+  const Error e = error_of([] { cpu().allocate(2048, 0); });
+  REQUIRE(e.code() == ErrorCode::Backend);
+  REQUIRE(contains(e.what(), "of host memory, more than the"));
+  REQUIRE(contains(e.what(), "--device meta"));
+  REQUIRE(host_memory_held() == before + 4096);  // the refused allocation is not counted
+  void* b = cpu().allocate(1024, 0);             // up to the limit still fits
+  cpu().deallocate(b, 1024, 0);
+  set_host_memory_limit(0);
+  cpu().deallocate(a, 4096, 0);
+  REQUIRE(host_memory_held() == before);
+}
+
 TEST_CASE("the meta backend touches nothing and allocates nothing", "[backend][meta]") {
   const Kernels& k = kernels_for(Device::Meta);
   REQUIRE(k.device() == Device::Meta);

@@ -33,6 +33,22 @@ TEST_CASE("tensors store f32, f64, bf16 and i64", "[tensor]") {
   REQUIRE(Tensor::from_vector(v, {2, 2}, DType::BF16).impl()->storage->bytes() == 8);
 }
 
+TEST_CASE("write_host fills a range past one staging chunk, into a view too", "[tensor]") {
+  const std::int64_t n = (1 << 16) * 2 + 5;  // crosses two chunk boundaries
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[std::size_t(i)] = double(i % 251) - 100;
+  const Tensor t = Tensor::zeros({n}, DType::BF16);
+  t.write_host(0, v.data(), DType::F64, n);
+  REQUIRE(t.to_vector() == v);  // |v| < 256: exact in bf16
+  const Tensor m = Tensor::zeros({2, 3});
+  const double row[3] = {7, 8, 9};
+  m.write_host(3, row, DType::F64, 3);
+  REQUIRE(m.to_vector() == std::vector<double>{0, 0, 0, 7, 8, 9});
+  const Error e = error_of([&] { m.write_host(4, row, DType::F64, 3); });
+  REQUIRE(e.code() == ErrorCode::InvalidArgument);
+  REQUIRE(contains(e.what(), "[4, 7) of a tensor of 6"));
+}
+
 TEST_CASE("bf16 ops compute in f32 and store bf16", "[tensor]") {
   const Tensor a = Tensor::from_vector({1, 2, 3}, {3}, DType::BF16);
   const Tensor b = Tensor::from_vector({0.5, 0.25, -1}, {3}, DType::BF16);
