@@ -164,12 +164,13 @@ class CpuKernels final : public Kernels {
     const std::uint64_t limit = host_memory_limit();
     if (held > limit) {
       g_host_held.fetch_sub(bytes, std::memory_order_relaxed);
-      COMMTRACE_CHECK(
-          false, ErrorCode::Backend,
-          "allocate: cpu: {:.2f} GiB more would hold {:.2f} GiB of host memory, more "
-          "than the {:.2f} GiB {}; --device meta traces the shapes without data",
-          gib(bytes), gib(held), gib(limit),
-          g_host_limit.load(std::memory_order_relaxed) ? "allowed" : "this machine has");
+      throw Error(ErrorCode::Backend,
+                  fmt::format("allocate: cpu: {:.2f} GiB more would hold {:.2f} GiB of host "
+                              "memory, more than the {:.2f} GiB {}; --device meta traces the "
+                              "shapes without data",
+                              gib(bytes), gib(held), gib(limit),
+                              g_host_limit.load(std::memory_order_relaxed) ? "allowed"
+                                                                           : "this machine has"));
     }
     void* p = std::malloc(bytes == 0 ? 1 : bytes);
     if (p == nullptr) g_host_held.fetch_sub(bytes, std::memory_order_relaxed);

@@ -37,11 +37,10 @@ template <class T, class F>
 Tensor generate(const Shape& shape, DType dtype, Device device, F draw) {
   Tensor t = Tensor::empty(shape, dtype, device);
   if (device == Device::Meta) return t;
-  constexpr std::int64_t kChunk = 1 << 16;
   const std::int64_t n = t.numel();
-  std::vector<T> v(std::size_t(std::min(n, kChunk)));
-  for (std::int64_t done = 0; done < n; done += kChunk) {
-    const std::int64_t k = std::min(kChunk, n - done);
+  std::vector<T> v(std::size_t(std::min(n, Tensor::kHostChunk)));
+  for (std::int64_t done = 0; done < n; done += Tensor::kHostChunk) {
+    const std::int64_t k = std::min(Tensor::kHostChunk, n - done);
     for (std::int64_t i = 0; i < k; ++i) v[std::size_t(i)] = draw();
     t.write_host(done, v.data(), std::is_same_v<T, double> ? DType::F64 : DType::I64, k);
   }

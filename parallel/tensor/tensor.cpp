@@ -58,14 +58,12 @@ void Tensor::write_host(std::int64_t at, const void* host, DType host_dt, std::i
   COMMTRACE_CHECK(at >= 0 && n >= 0 && at + n <= numel(), ErrorCode::InvalidArgument,
                   "write_host: elements [{}, {}) of a tensor of {}", at, at + n, numel());
   if (t.device == Device::Meta) return;
-  // Converted on the host a chunk at a time, so staging never doubles a large tensor.
-  constexpr std::int64_t kChunk = 1 << 16;
   const std::size_t in = dtype_size(host_dt), out = dtype_size(t.dtype);
-  std::vector<unsigned char> staged(std::size_t(std::min(n, kChunk)) * out);
+  std::vector<unsigned char> staged(std::size_t(std::min(n, kHostChunk)) * out);
   const Kernels& cpu = kernels_for(Device::CPU);
   const Kernels& dev = kernels_for(t.device);
-  for (std::int64_t done = 0; done < n; done += kChunk) {
-    const std::int64_t k = std::min(kChunk, n - done);
+  for (std::int64_t done = 0; done < n; done += kHostChunk) {
+    const std::int64_t k = std::min(kHostChunk, n - done);
     cpu.convert(static_cast<const unsigned char*>(host) + std::size_t(done) * in, host_dt,
                 staged.data(), t.dtype, k);
     dev.copy_from_host(static_cast<unsigned char*>(data_ptr()) + std::size_t(at + done) * out,

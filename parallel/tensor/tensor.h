@@ -83,8 +83,10 @@ class Tensor {
                             DType dtype = DType::F32, Device device = Device::CPU);
   static Tensor from_indices(const std::vector<std::int64_t>& values, const Shape& shape,
                              Device device = Device::CPU);
+  // Elements staged on the host per transfer, so no host copy of a large tensor is made.
+  static constexpr std::int64_t kHostChunk = 1 << 16;
   // Writes n host values of host_dt (f64 or i64, converted to the tensor's dtype) into elements
-  // [at, at + n), staged in bounded chunks (any device; nothing on meta).
+  // [at, at + n), staged kHostChunk at a time (any device; nothing on meta).
   void write_host(std::int64_t at, const void* host, DType host_dt, std::int64_t n) const;
 
   bool defined() const { return impl_ != nullptr; }

@@ -34,7 +34,7 @@ TEST_CASE("tensors store f32, f64, bf16 and i64", "[tensor]") {
 }
 
 TEST_CASE("write_host fills a range past one staging chunk, into a view too", "[tensor]") {
-  const std::int64_t n = (1 << 16) * 2 + 5;  // crosses two chunk boundaries
+  const std::int64_t n = Tensor::kHostChunk * 2 + 5;  // crosses two chunk boundaries
   std::vector<double> v(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) v[std::size_t(i)] = double(i % 251) - 100;
   const Tensor t = Tensor::zeros({n}, DType::BF16);
