@@ -255,11 +255,18 @@ class Kernels {
 };
 
 // Host memory: the cpu backend's storage live in this process (every rank's thread) may not
-// exceed the limit, by default the machine's physical memory; an allocation past it throws
-// Backend (instead of the kernel killing an overcommitted process). 0 restores the default.
+// exceed the limit; an allocation past it throws Backend (instead of the kernel killing an
+// overcommitted process). By default the limit is what the machine could give when the process
+// started (MemAvailable, within the cgroup's limit), shared by the MPI job's processes on the
+// machine, less 1/16 for the memory beside tensor storage; 0 restores the default.
 std::uint64_t host_memory_limit();
 void set_host_memory_limit(std::uint64_t bytes);
 std::uint64_t host_memory_held();
+// Throws that Backend error when `bytes` more would pass the limit; `need` names what asks for
+// them (the message goes on "would hold X GiB of host memory, more than ...").
+void check_host_room(std::uint64_t bytes, std::string_view need);
+// Bytes as those messages give them: "12.34 GiB", "5.00 MiB", "640 B".
+std::string host_size_str(std::uint64_t bytes);
 
 // The kernels of a device type. Throws Unsupported for a device this build has no kernels for.
 const Kernels& kernels_for(Device d);

@@ -6,11 +6,18 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
+#include <string>
+#include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -24,18 +31,74 @@ namespace {
 
 // Bytes of cpu storage live in the process (all ranks' threads), and the most it may hold.
 std::atomic<std::uint64_t> g_host_held{0};
-std::atomic<std::uint64_t> g_host_limit{0};  // 0: the machine's physical memory
+std::atomic<std::uint64_t> g_host_limit{0};  // 0: default_limit()
+
+constexpr std::uint64_t kUnlimited = std::numeric_limits<std::uint64_t>::max();
 
 std::uint64_t physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? std::uint64_t(pages) * std::uint64_t(page) : kUnlimited;
+}
+
+// The first unsigned number in `path` after `key` (whole file when key is empty); kUnlimited
+// when the file or the number is missing ("max" in a cgroup file).
+std::uint64_t read_number(const char* path, std::string_view key, std::uint64_t scale) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::size_t at = key.empty() ? 0 : text.find(key);
+  if (at == std::string::npos) return kUnlimited;
+  const char* p = text.c_str() + at + key.size();
+  while (*p == ' ' || *p == '\t') ++p;
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(p, text.c_str() + text.size(), v);
+  return ec == std::errc() && end != p ? v * scale : kUnlimited;
+}
+
+// How many processes of this job share the machine, from what MPI launchers set; 1 without.
+std::uint64_t local_processes() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    const char* v = std::getenv(var);
+    std::uint64_t n = 0;
+    if (v && std::from_chars(v, v + std::strlen(v), n).ec == std::errc() && n > 1) return n;
+  }
+  return 1;
+}
+
+// The default limit, taken once (at the first allocation, when this process holds next to
+// nothing): the memory the kernel can give without swapping (MemAvailable, and the cgroup's
+// room when it has a limit, capped by physical memory), shared evenly by the job's processes on
+// this machine, less 1/16 for what the process allocates beside tensor storage.
+std::uint64_t default_limit() {
   static const std::uint64_t bytes = [] {
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    return pages > 0 && page > 0 ? std::uint64_t(pages) * std::uint64_t(page)
-                                 : std::numeric_limits<std::uint64_t>::max();
+    std::uint64_t room =
+        std::min(physical_memory(), read_number("/proc/meminfo", "MemAvailable:", 1024));
+    // cgroup v2, then v1 (whose "no limit" is a number past any machine's memory).
+    for (const auto& [max, used] :
+         {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+          std::pair{"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                    "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+      const std::uint64_t cg_max = read_number(max, "", 1), cg_used = read_number(used, "", 1);
+      if (cg_max != kUnlimited && cg_used != kUnlimited) {
+        room = std::min(room, cg_max > cg_used ? cg_max - cg_used : 0);
+      }
+    }
+    if (room == kUnlimited) return room;
+    room /= local_processes();
+    return room - room / 16;
   }();
   return bytes;
 }
 
-double gib(std::uint64_t bytes) { return double(bytes) / double(1ull << 30); }
+// `need` (what asks for the bytes) would bring the host storage to `held`, past `limit`.
+[[noreturn]] void throw_over_limit(std::string_view need, std::uint64_t held, std::uint64_t limit) {
+  throw Error(
+      ErrorCode::Backend,
+      fmt::format(
+          "{} would hold {} of host memory, more than the {} {}; "
+          "--device meta traces the shapes without data",
+          need, host_size_str(held), host_size_str(limit),
+          g_host_limit.load(std::memory_order_relaxed) ? "allowed" : "available to this process"));
+}
 
 // ---- OpenBLAS ----
 
@@ -164,13 +227,7 @@ class CpuKernels final : public Kernels {
     const std::uint64_t limit = host_memory_limit();
     if (held > limit) {
       g_host_held.fetch_sub(bytes, std::memory_order_relaxed);
-      throw Error(ErrorCode::Backend,
-                  fmt::format("allocate: cpu: {:.2f} GiB more would hold {:.2f} GiB of host "
-                              "memory, more than the {:.2f} GiB {}; --device meta traces the "
-                              "shapes without data",
-                              gib(bytes), gib(held), gib(limit),
-                              g_host_limit.load(std::memory_order_relaxed) ? "allowed"
-                                                                           : "this machine has"));
+      throw_over_limit(fmt::format("allocate: cpu: {} more", host_size_str(bytes)), held, limit);
     }
     void* p = std::malloc(bytes == 0 ? 1 : bytes);
     if (p == nullptr) g_host_held.fetch_sub(bytes, std::memory_order_relaxed);
@@ -597,12 +654,29 @@ static void single_threaded_blas() {
 
 std::uint64_t host_memory_limit() {
   const std::uint64_t l = g_host_limit.load(std::memory_order_relaxed);
-  return l ? l : physical_memory();
+  return l ? l : default_limit();
 }
 void set_host_memory_limit(std::uint64_t bytes) {
   g_host_limit.store(bytes, std::memory_order_relaxed);
 }
 std::uint64_t host_memory_held() { return g_host_held.load(std::memory_order_relaxed); }
+std::string host_size_str(std::uint64_t bytes) {
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  double v = double(bytes) / 1024;
+  const char* unit = "KiB";
+  for (const char* next : {"MiB", "GiB", "TiB"}) {
+    if (v < 1024) break;
+    v /= 1024;
+    unit = next;
+  }
+  return fmt::format("{:.2f} {}", v, unit);
+}
+void check_host_room(std::uint64_t bytes, std::string_view need) {
+  const std::uint64_t held = host_memory_held(), limit = host_memory_limit();
+  if (bytes > limit || held > limit - bytes) {
+    throw_over_limit(need, held > kUnlimited - bytes ? kUnlimited : held + bytes, limit);
+  }
+}
 
 const Kernels& cpu_backend() {
   static const CpuKernels k = [] {

@@ -68,6 +68,7 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
   lo.timeout_s = cfg.timeout_s;
   if (cfg.backend == "fake") lo.ranks = {0};  // ranks never wait for each other: run one
   const int running = cfg.backend == "fake" ? 1 : cfg.world_size;
+  check_host_memory(cfg, running);
   result.traced_ranks = o.trace_all_ranks ? running : 1;
   launch(
       cfg.world_size,

@@ -113,6 +113,32 @@ void check_device(const ParallelConfig& cfg) {
                   "collectives move host buffers; under mpirun use --backend nccl)");
 }
 
+void check_host_memory(const ParallelConfig& cfg, int ranks_here) {
+  if (cfg.module.device != Device::CPU) return;
+  ParallelConfig meta = cfg;
+  meta.module.device = Device::Meta;
+  meta.backend = "fake";
+  LaunchOptions lo;
+  lo.backend = "fake";
+  lo.ranks = {0};
+  std::uint64_t per_rank = 0;
+  launch(
+      cfg.world_size,
+      [&](RankContext& ctx) {
+        per_rank = peak_bytes([&] {
+          RankState s = setup_rank(ctx, meta);
+          AdamW opt(optimizer_parameters(s), 1e-3);
+          train_step(s, opt);
+        });
+      },
+      lo);
+  const auto total = per_rank * std::uint64_t(ranks_here);
+  check_host_room(total, fmt::format("{} on cpu: {} per rank (rank 0's peak, measured "
+                                     "shape-only) for {} rank{} in this process",
+                                     cfg.model, host_size_str(per_rank), ranks_here,
+                                     ranks_here == 1 ? "" : "s"));
+}
+
 Plan config_plan(const ParallelConfig& cfg) {
   Plan plan = resolve_plan(resolve_model(cfg.model).family, cfg.plan);
   if (cfg.context_parallel) {
@@ -314,13 +340,17 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
   }
   check_device(cfg);
   config_plan(cfg);  // fail early, before any thread
+  const std::string launcher = launcher_for(cfg.backend);
+  check_host_memory(cfg, cfg.backend == "fake" ? int(traced.size())
+                         : launcher == "mpi"   ? 1
+                                               : cfg.world_size);
 
   // Slot i: the trace of traced[i], when this process ran that rank.
   std::vector<std::optional<Trace>> traces(traced.size());
   std::vector<double> rank0_losses;
   std::mutex mu;
   LaunchOptions lo;
-  lo.launcher = launcher_for(cfg.backend);
+  lo.launcher = launcher;
   lo.backend = cfg.backend;
   lo.timeout_s = cfg.timeout_s;
   if (cfg.backend == "fake") lo.ranks = traced;

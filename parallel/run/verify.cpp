@@ -101,6 +101,7 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
   lo.launcher = launcher_for(cfg.backend);
   lo.backend = cfg.backend;
   lo.timeout_s = cfg.timeout_s;
+  check_host_memory(cfg, lo.launcher == "mpi" ? 1 : cfg.world_size);
   // With one process per rank, process 0 (rank 0) holds the gathered tensors and compares.
   const bool reports = processes_of(lo.launcher).rank == 0;
   const Values ref = reports ? reference_run(cfg, plan, dp, tp) : Values{};

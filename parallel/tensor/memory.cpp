@@ -69,6 +69,14 @@ std::uint64_t MemoryLedger::iteration_peak() const {
   return state_->peak;
 }
 
+std::uint64_t peak_bytes(const std::function<void()>& body) {
+  MemoryLedger ledger;
+  const MemoryActivation on(ledger);
+  ledger.begin_iteration();
+  body();
+  return ledger.iteration_peak();
+}
+
 MemoryActivation::MemoryActivation(MemoryLedger& l) : previous_(g_current) { g_current = &l; }
 MemoryActivation::~MemoryActivation() { g_current = previous_; }
 

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -56,6 +57,11 @@ class MemoryActivation {
  private:
   MemoryLedger* previous_;
 };
+
+// The most bytes the tensors `body` allocates on this thread hold at once, those it keeps
+// included (on meta, the bytes they would have): run on meta, a shape-only measure of what a
+// cpu run needs.
+std::uint64_t peak_bytes(const std::function<void()>& body);
 
 // One allocation's charge; its destructor gives the bytes back (the ledger's state outlives it).
 struct MemoryCharge {

@@ -3,6 +3,8 @@
 // tolerance per dtype; failures print the first mismatches. Also: the meta backend touches
 // nothing, cuda has no kernels in this build, and the error paths name their kernel. Layout
 // kernels and collective reductions are exact (small integers).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -762,9 +764,33 @@ TEST_CASE("cpu memory: live storage is counted and held under a limit", "[backen
   REQUIRE(host_memory_held() == before + 4096);  // the refused allocation is not counted
   void* b = cpu().allocate(1024, 0);             // up to the limit still fits
   cpu().deallocate(b, 1024, 0);
+  // check_host_room asks the same question without allocating.
+  const Error room = error_of([] { check_host_room(2048, "a preflight: 2 KiB"); });
+  REQUIRE(room.code() == ErrorCode::Backend);
+  REQUIRE(contains(room.what(), "a preflight: 2 KiB would hold " +
+                                    host_size_str(before + 4096 + 2048) +
+                                    " of host memory, more than the " +
+                                    host_size_str(before + 4096 + 1024) + " allowed"));
+  check_host_room(1024, "fits");
+  REQUIRE(host_memory_held() == before + 4096);
   set_host_memory_limit(0);
   cpu().deallocate(a, 4096, 0);
   REQUIRE(host_memory_held() == before);
+}
+
+TEST_CASE("cpu memory: the default limit is what the machine can give, not more",
+          "[backend][memory]") {
+  set_host_memory_limit(0);
+  const std::uint64_t limit = host_memory_limit();
+  REQUIRE(limit > 0);
+  REQUIRE(limit <= std::uint64_t(sysconf(_SC_PHYS_PAGES)) * std::uint64_t(sysconf(_SC_PAGE_SIZE)));
+  const Error e = error_of([&] { check_host_room(limit + 1, "more than the limit"); });
+  REQUIRE(e.code() == ErrorCode::Backend);
+  REQUIRE(contains(e.what(), "available to this process; --device meta"));
+  REQUIRE(host_size_str(640) == "640 B");
+  REQUIRE(host_size_str(3ull << 29) == "1.50 GiB");
+  const Error huge = error_of([] { check_host_room(~std::uint64_t(0), "no overflow"); });
+  REQUIRE(huge.code() == ErrorCode::Backend);
 }
 
 TEST_CASE("the meta backend touches nothing and allocates nothing", "[backend][meta]") {

@@ -4,14 +4,19 @@
 // devices and FSDP.
 #include <string>
 
+#include "kernels/backend.h"
+
 #include "parallel/run/runner.h"
 #include "parallel/tensor/memory.h"
 #include "parallel/tensor/tensor.h"
 #include "report/trace_json.h"
 #include "report/tree.h"
 #include "tests/catch_compat.h"
+#include "tests/test_util.h"
 
 using namespace commtrace;
+using commtrace::testing::contains;
+using commtrace::testing::error_of;
 
 namespace {
 
@@ -95,4 +100,34 @@ TEST_CASE("memory: FSDP stores a dp chunk of each parameter", "[memory]") {
   CHECK(f.params < d.params);
   CHECK(f.params * 2 >= d.params);  // half, padded up
   CHECK(f.optimizer == 2 * f.params);
+}
+
+TEST_CASE("memory: a cpu run too large for the host limit fails before it allocates", "[memory]") {
+  // The preflight's figure is the meta run's peak per rank (parameters, optimizer, one step).
+  const Trace meta = traced("transformer", "tp", 2, "fake", Device::Meta);
+  const std::uint64_t per_rank = memory_peak(meta), held = host_memory_held();
+  REQUIRE(per_rank > 0);
+  TraceOptions o;
+  o.cfg.model = "transformer";
+  o.cfg.plan = "tp";
+  o.cfg.world_size = 2;
+  struct Unlimit {
+    ~Unlimit() { set_host_memory_limit(0); }
+  } unlimit;
+  set_host_memory_limit(held + per_rank);  // one rank's worth, for two threads' ranks
+  const Error e = error_of([&] { trace_run(o); });
+  CHECK(e.code() == ErrorCode::Backend);
+  CHECK(contains(e.what(), "transformer on cpu: "));
+  CHECK(contains(e.what(), "(rank 0's peak, measured shape-only) for 2 ranks in this process"));
+  CHECK(host_memory_held() == held);  // refused up front: nothing was allocated
+  o.cfg.backend = "fake";             // runs rank 0 alone: fits, with a little slack (its batch)
+  set_host_memory_limit(held + per_rank + per_rank / 4);
+  CHECK(trace_run(o).size() == 1);
+  // The estimate is not far below what the run holds: with 1/4 slack both ranks run.
+  o.cfg.backend = "threads";
+  set_host_memory_limit(held + 2 * per_rank + per_rank / 2);
+  CHECK(trace_run(o).size() == 1);
+  // verify and bench step ask the same question.
+  set_host_memory_limit(held + per_rank);
+  CHECK(error_of([&] { verify(o.cfg); }).code() == ErrorCode::Backend);
 }
