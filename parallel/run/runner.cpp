@@ -113,30 +113,40 @@ void check_device(const ParallelConfig& cfg) {
                   "collectives move host buffers; under mpirun use --backend nccl)");
 }
 
-void check_host_memory(const ParallelConfig& cfg, int ranks_here) {
-  if (cfg.module.device != Device::CPU) return;
+std::uint64_t rank_peak_bytes(const ParallelConfig& cfg, bool with_optimizer) {
   ParallelConfig meta = cfg;
   meta.module.device = Device::Meta;
   meta.backend = "fake";
   LaunchOptions lo;
   lo.backend = "fake";
   lo.ranks = {0};
-  std::uint64_t per_rank = 0;
+  std::uint64_t peak = 0;
   launch(
       cfg.world_size,
       [&](RankContext& ctx) {
-        per_rank = peak_bytes([&] {
+        peak = peak_bytes([&] {
           RankState s = setup_rank(ctx, meta);
-          AdamW opt(optimizer_parameters(s), 1e-3);
-          train_step(s, opt);
+          if (with_optimizer) {
+            AdamW opt(optimizer_parameters(s), 1e-3);
+            train_step(s, opt);
+          } else {
+            forward_loss(s).loss.backward();
+            finish_backward(s);
+          }
         });
       },
       lo);
-  const auto total = per_rank * std::uint64_t(ranks_here);
-  check_host_room(total, fmt::format("{} on cpu: {} per rank (rank 0's peak, measured "
-                                     "shape-only) for {} rank{} in this process",
-                                     cfg.model, host_size_str(per_rank), ranks_here,
-                                     ranks_here == 1 ? "" : "s"));
+  return peak;
+}
+
+void check_host_memory(const ParallelConfig& cfg, int ranks_here) {
+  if (cfg.module.device != Device::CPU) return;
+  const std::uint64_t per_rank = rank_peak_bytes(cfg);
+  check_host_room(
+      per_rank * std::uint64_t(ranks_here),
+      fmt::format("{} on cpu: {} per rank (rank 0's peak, measured shape-only) for {} "
+                  "rank{} in this process",
+                  cfg.model, host_size_str(per_rank), ranks_here, ranks_here == 1 ? "" : "s"));
 }
 
 Plan config_plan(const ParallelConfig& cfg) {

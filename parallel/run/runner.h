@@ -49,11 +49,13 @@ Plan config_plan(const ParallelConfig& cfg);
 // only); cuda needs this build's CUDA backend, a visible device and a backend that moves device
 // buffers (threads, or fake).
 void check_device(const ParallelConfig& cfg);
+// The bytes of tensor storage rank 0 of cfg holds at its peak, measured shape-only (meta, fake
+// backend): parameters, one training step's allocations and, with_optimizer, AdamW's state.
+std::uint64_t rank_peak_bytes(const ParallelConfig& cfg, bool with_optimizer = true);
 // On cpu, fails fast (Backend, the allocator's message) when `ranks_here` ranks of cfg in this
-// process would not fit the host memory limit (kernels/backend.h): rank 0's parameters,
-// optimizer state and one training step's peak, measured shape-only (meta, fake backend), per
-// rank. An estimate (rank 0 for every rank; storage beside tensors not counted): the allocator's
-// check still holds the line. Nothing on other devices.
+// process, each at rank_peak_bytes(cfg), would not fit the host memory limit
+// (kernels/backend.h). An estimate (rank 0 for every rank): the allocator's check still holds the
+// line. Nothing on other devices.
 void check_host_memory(const ParallelConfig& cfg, int ranks_here);
 
 // The mesh shape of a config (1 to 3 dims), checked against the world size (and a 2-D one for

@@ -8,9 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "parallel/comm/launch.h"
 #include "parallel/run/runner.h"
 #include "parallel/tensor/autograd.h"
+#include "parallel/tensor/memory.h"
 #include "parallel/tensor/ops.h"
 
 namespace commtrace {
@@ -55,29 +57,78 @@ std::string factor_of(const std::vector<double>& a, const std::vector<double>& b
   return fmt::format("×{:.6g}", r);
 }
 
-Values reference_run(const ParallelConfig& cfg, const Plan& plan, int dp, int tp) {
+// The unsharded model's step on one device: its output, and its gradients after backward.
+struct Reference {
+  std::shared_ptr<Module> model;
+  Batch batch;
+  Tensor out;
+  bool input_grad = false;
+};
+
+Reference reference_step(const ParallelConfig& cfg, const Plan& plan, int dp, int tp) {
   const ModelEntry& entry = resolve_model(cfg.model);
-  auto model = entry.build(cfg.seed, cfg.module);
-  Batch b = entry.batch(cfg.seed, cfg.module, global_rows_scale(plan, dp, tp));
-  const bool input_grad = cfg.input_requires_grad && is_floating(b.input.dtype());
-  if (input_grad) b.input.set_requires_grad(true);
-  Tensor out = (*model)(b.input);
+  Reference r;
+  r.model = entry.build(cfg.seed, cfg.module);
+  r.batch = entry.batch(cfg.seed, cfg.module, global_rows_scale(plan, dp, tp));
+  r.input_grad = cfg.input_requires_grad && is_floating(r.batch.input.dtype());
+  if (r.input_grad) r.batch.input.set_requires_grad(true);
+  r.out = (*r.model)(r.batch.input);
   // The reference is the loss over the whole batch on one device, except that DDP's average
   // over dp (PyTorch's, not a plan's choice) is taken as given: a "sum" loss is divided by dp
   // (a mean already is the mean of the replicas' means). A context-parallel reduction is what
   // verify checks: "avg" is exact for mean losses, "sum" for a sum.
-  Tensor loss = entry.loss(out, b);
+  Tensor loss = entry.loss(r.out, r.batch);
   if (entry.loss_name == "sum" && dp > 1) loss = mul(loss, 1.0 / dp);
   loss.backward();
-  Values v;
-  v["output"] = out.to_vector();
-  for (const auto& [name, p] : model->named_parameters()) {
+  return r;
+}
+
+// What verify compares, by name: the output, each trainable parameter's gradient, and the
+// input's gradient when it has one. `value` reads one (to_vector, or a count on meta).
+template <class T, class F>
+std::map<std::string, T> compared(const Reference& r, F value) {
+  std::map<std::string, T> v;
+  v["output"] = value(r.out);
+  for (const auto& [name, p] : r.model->named_parameters()) {
     if (!p.requires_grad()) continue;  // frozen
-    v[name + ".grad"] = p.grad().defined() ? p.grad().to_vector()
-                                           : std::vector<double>(std::size_t(p.numel()), 0.0);
+    v[name + ".grad"] = p.grad().defined() ? value(p.grad()) : value(zeros_like(p));
   }
-  if (input_grad) v["input.grad"] = b.input.grad().to_vector();
+  if (r.input_grad) v["input.grad"] = value(r.batch.input.grad());
   return v;
+}
+
+Values reference_run(const ParallelConfig& cfg, const Plan& plan, int dp, int tp) {
+  return compared<std::vector<double>>(reference_step(cfg, plan, dp, tp),
+                                       [](const Tensor& t) { return t.to_vector(); });
+}
+
+// On cpu, fails fast (check_host_room) when verify would not fit: on the reporting process the
+// reference step's peak with its compared values in double, then the ranks' gradient steps
+// beside the values of both runs. Measured shape-only (meta).
+void check_verify_memory(const ParallelConfig& cfg, const Plan& plan, const MeshDims& dims,
+                         int ranks_here, bool reports) {
+  if (cfg.module.device != Device::CPU) return;
+  std::uint64_t reference = 0, values = 0;
+  if (reports) {
+    ParallelConfig meta = cfg;
+    meta.module.device = Device::Meta;
+    reference = peak_bytes([&] {
+      const Reference r = reference_step(meta, plan, dims.dp, dims.tp);
+      for (const auto& [name, n] :
+           compared<std::uint64_t>(r, [](const Tensor& t) { return std::uint64_t(t.numel()); })) {
+        values += n * sizeof(double);
+      }
+    });
+  }
+  const std::uint64_t per_rank = rank_peak_bytes(cfg, false);
+  const std::uint64_t ranks = per_rank * std::uint64_t(ranks_here) + 2 * values;
+  check_host_room(
+      std::max(reference + values, ranks),
+      fmt::format("verify {} on cpu: {} per rank (rank 0's peak, measured "
+                  "shape-only) for {} rank{} in this process, beside the "
+                  "reference's {} and {} of compared values",
+                  cfg.model, host_size_str(per_rank), ranks_here, ranks_here == 1 ? "" : "s",
+                  host_size_str(reference), host_size_str(2 * values)));
 }
 
 }  // namespace
@@ -101,9 +152,9 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
   lo.launcher = launcher_for(cfg.backend);
   lo.backend = cfg.backend;
   lo.timeout_s = cfg.timeout_s;
-  check_host_memory(cfg, lo.launcher == "mpi" ? 1 : cfg.world_size);
   // With one process per rank, process 0 (rank 0) holds the gathered tensors and compares.
   const bool reports = processes_of(lo.launcher).rank == 0;
+  check_verify_memory(cfg, plan, dims, lo.launcher == "mpi" ? 1 : cfg.world_size, reports);
   const Values ref = reports ? reference_run(cfg, plan, dp, tp) : Values{};
 
   Values par;
@@ -116,7 +167,11 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
         StepOut step = forward_loss(s);
         step.loss.backward();
         finish_backward(s);
+        // Every rank takes part in the gathers; rank 0 alone keeps what it compares.
         Values mine;
+        auto keep = [&](const std::string& name, const Tensor& t) {
+          if (ctx.rank() == 0) mine[name] = t.to_vector();
+        };
         Tensor output = step.output;
         if (s.cp) {  // this rank's sub-sequence of every row: joined along dim 1 first
           NoGradGuard no_grad;
@@ -124,12 +179,15 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
           global[1] *= s.cp->size(0);
           output = full_tensor(from_local(output, s.cp, {Placement::shard(1)}, global));
         }
-        mine["output"] = gather_full(s, output, true).to_vector();
+        keep("output", gather_full(s, output, true));
         for (const auto& [name, p] : s.model->named_parameters()) {
           if (!p.requires_grad()) continue;  // frozen
           const Tensor g = parameter_grad(s, name, p);
-          mine[name + ".grad"] = g.defined() ? gather_full(s, g, false).to_vector()
-                                             : std::vector<double>(std::size_t(p.numel()), 0.0);
+          if (g.defined()) {
+            keep(name + ".grad", gather_full(s, g, false));
+          } else if (ctx.rank() == 0) {
+            mine[name + ".grad"] = std::vector<double>(std::size_t(p.numel()), 0.0);
+          }
         }
         if (s.batch.input.requires_grad()) {
           Tensor g = s.batch.input.grad();
@@ -141,7 +199,7 @@ VerifyReport verify(const ParallelConfig& cfg, double tolerance) {
           // DDP averages parameter gradients over "dp", not input gradients: the run's loss is the
           // mean of the replicas' losses, so its input gradient is the local one over dp.
           g = gather_full(s, g, true);
-          mine["input.grad"] = (s.dp ? mul(g, 1.0 / s.dp->size()) : g).to_vector();
+          keep("input.grad", s.dp ? mul(g, 1.0 / s.dp->size()) : g);
         }
         if (ctx.rank() == 0) {
           std::lock_guard<std::mutex> lock(mu);

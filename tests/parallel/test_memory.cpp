@@ -127,7 +127,14 @@ TEST_CASE("memory: a cpu run too large for the host limit fails before it alloca
   o.cfg.backend = "threads";
   set_host_memory_limit(held + 2 * per_rank + per_rank / 2);
   CHECK(trace_run(o).size() == 1);
-  // verify and bench step ask the same question.
+  // verify counts no optimizer state, but the reference step and the values it compares.
+  CHECK(rank_peak_bytes(o.cfg, false) < rank_peak_bytes(o.cfg, true));
   set_host_memory_limit(held + per_rank);
-  CHECK(error_of([&] { verify(o.cfg); }).code() == ErrorCode::Backend);
+  const Error v = error_of([&] { verify(o.cfg); });
+  CHECK(v.code() == ErrorCode::Backend);
+  CHECK(contains(v.what(), "verify transformer on cpu: "));
+  CHECK(contains(v.what(), " of compared values would hold "));
+  INFO(v.what());
+  set_host_memory_limit(held + 4 * per_rank);
+  CHECK(verify(o.cfg).pass());
 }
