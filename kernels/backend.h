@@ -265,8 +265,6 @@ std::uint64_t host_memory_held();
 // Throws that Backend error when `bytes` more would pass the limit; `need` names what asks for
 // them (the message goes on "would hold X GiB of host memory, more than ...").
 void check_host_room(std::uint64_t bytes, std::string_view need);
-// Bytes as those messages give them: "12.34 GiB", "5.00 MiB", "640 B".
-std::string host_size_str(std::uint64_t bytes);
 
 // The kernels of a device type. Throws Unsupported for a device this build has no kernels for.
 const Kernels& kernels_for(Device d);

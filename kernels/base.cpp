@@ -91,6 +91,19 @@ std::int64_t numel(const Shape& s) {
   return over ? 0 : n;
 }
 
+std::string format_bytes(std::uint64_t b) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (b < 1024) return fmt::format("{} B", b);
+  double v = double(b);
+  int u = 0;
+  // Past 999.5 three digits would print in exponent form: go to the next unit.
+  while (v >= 999.5 && u < 6) {
+    v /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.3g} {}", v, units[u]);
+}
+
 std::string shape_str(std::span<const std::int64_t> s) {
   return fmt::format("[{}]", fmt::join(s, ", "));
 }

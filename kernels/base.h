@@ -37,6 +37,8 @@ inline constexpr std::int64_t kMaxNumel = std::int64_t(1) << 59;
 // product exceeds kMaxNumel.
 std::int64_t numel(const Shape& s);
 std::string shape_str(std::span<const std::int64_t> s);  // "[8, 10]"
+// Bytes for people: "400 B", "3.12 KiB", "1.5 MiB" (three significant digits).
+std::string format_bytes(std::uint64_t bytes);
 
 // Times work queued on a device's stream (CUDA events): start() and stop() queue a marker
 // before and after the work and return or take its token; elapsed_s() waits until the stop

@@ -96,7 +96,7 @@ std::uint64_t default_limit() {
       fmt::format(
           "{} would hold {} of host memory, more than the {} {}; "
           "--device meta traces the shapes without data",
-          need, host_size_str(held), host_size_str(limit),
+          need, format_bytes(held), format_bytes(limit),
           g_host_limit.load(std::memory_order_relaxed) ? "allowed" : "available to this process"));
 }
 
@@ -227,7 +227,7 @@ class CpuKernels final : public Kernels {
     const std::uint64_t limit = host_memory_limit();
     if (held > limit) {
       g_host_held.fetch_sub(bytes, std::memory_order_relaxed);
-      throw_over_limit(fmt::format("allocate: cpu: {} more", host_size_str(bytes)), held, limit);
+      throw_over_limit(fmt::format("allocate: cpu: {} more", format_bytes(bytes)), held, limit);
     }
     void* p = std::malloc(bytes == 0 ? 1 : bytes);
     if (p == nullptr) g_host_held.fetch_sub(bytes, std::memory_order_relaxed);
@@ -660,17 +660,6 @@ void set_host_memory_limit(std::uint64_t bytes) {
   g_host_limit.store(bytes, std::memory_order_relaxed);
 }
 std::uint64_t host_memory_held() { return g_host_held.load(std::memory_order_relaxed); }
-std::string host_size_str(std::uint64_t bytes) {
-  if (bytes < 1024) return fmt::format("{} B", bytes);
-  double v = double(bytes) / 1024;
-  const char* unit = "KiB";
-  for (const char* next : {"MiB", "GiB", "TiB"}) {
-    if (v < 1024) break;
-    v /= 1024;
-    unit = next;
-  }
-  return fmt::format("{:.2f} {}", v, unit);
-}
 void check_host_room(std::uint64_t bytes, std::string_view need) {
   const std::uint64_t held = host_memory_held(), limit = host_memory_limit();
   if (bytes > limit || held > limit - bytes) {

@@ -55,19 +55,6 @@ Shape parse_torch_size(std::string_view s) {
   return shape;
 }
 
-std::string format_bytes(std::uint64_t b) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  if (b < 1024) return fmt::format("{} B", b);
-  double v = double(b);
-  int u = 0;
-  // Past 999.5 three digits would print in exponent form: go to the next unit.
-  while (v >= 999.5 && u < 6) {
-    v /= 1024;
-    ++u;
-  }
-  return fmt::format("{:.3g} {}", v, units[u]);
-}
-
 std::string tensor_arg_str(const Trace& t, const TensorArg& a, bool sharded) {
   if (!sharded || a.placements == 0) return shape_str(t.shape(a.shape));
   return fmt::format("{} {}", shape_str(t.shape(a.global_shape)),

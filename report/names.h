@@ -21,9 +21,6 @@ std::string torch_module_type(const std::string& type);
 std::string torch_size(std::span<const std::int64_t> s);
 Shape parse_torch_size(std::string_view s);
 
-// Bytes for people: "400 B", "3.12 KiB", "1.5 MiB" (three significant digits).
-std::string format_bytes(std::uint64_t bytes);
-
 // A record's tensor argument: "[8, 10]", or for a sharded op "[8, 10] (Shard(dim=0),)" (the
 // global shape and the placements).
 std::string tensor_arg_str(const Trace& t, const TensorArg& a, bool sharded);

@@ -146,7 +146,7 @@ void check_host_memory(const ParallelConfig& cfg, int ranks_here) {
       per_rank * std::uint64_t(ranks_here),
       fmt::format("{} on cpu: {} per rank (rank 0's peak, measured shape-only) for {} "
                   "rank{} in this process",
-                  cfg.model, host_size_str(per_rank), ranks_here, ranks_here == 1 ? "" : "s"));
+                  cfg.model, format_bytes(per_rank), ranks_here, ranks_here == 1 ? "" : "s"));
 }
 
 Plan config_plan(const ParallelConfig& cfg) {

@@ -53,7 +53,7 @@ void train(const TrainOptions& opts, const std::function<void(const StepResult&)
     const std::uint64_t need =
         peak_bytes([&] { run_steps(meta, std::min(opts.steps, 1), [](const StepResult&) {}); });
     check_host_room(need, fmt::format("train {} on cpu: {} (its peak, measured shape-only)",
-                                      opts.model, host_size_str(need)));
+                                      opts.model, format_bytes(need)));
   }
   run_steps(opts, opts.steps, on_step);
 }

@@ -127,8 +127,8 @@ void check_verify_memory(const ParallelConfig& cfg, const Plan& plan, const Mesh
       fmt::format("verify {} on cpu: {} per rank (rank 0's peak, measured "
                   "shape-only) for {} rank{} in this process, beside the "
                   "reference's {} and {} of compared values",
-                  cfg.model, host_size_str(per_rank), ranks_here, ranks_here == 1 ? "" : "s",
-                  host_size_str(reference), host_size_str(2 * values)));
+                  cfg.model, format_bytes(per_rank), ranks_here, ranks_here == 1 ? "" : "s",
+                  format_bytes(reference), format_bytes(2 * values)));
 }
 
 }  // namespace

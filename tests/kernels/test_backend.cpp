@@ -768,9 +768,9 @@ TEST_CASE("cpu memory: live storage is counted and held under a limit", "[backen
   const Error room = error_of([] { check_host_room(2048, "a preflight: 2 KiB"); });
   REQUIRE(room.code() == ErrorCode::Backend);
   REQUIRE(contains(room.what(), "a preflight: 2 KiB would hold " +
-                                    host_size_str(before + 4096 + 2048) +
+                                    format_bytes(before + 4096 + 2048) +
                                     " of host memory, more than the " +
-                                    host_size_str(before + 4096 + 1024) + " allowed"));
+                                    format_bytes(before + 4096 + 1024) + " allowed"));
   check_host_room(1024, "fits");
   REQUIRE(host_memory_held() == before + 4096);
   set_host_memory_limit(0);
@@ -787,8 +787,8 @@ TEST_CASE("cpu memory: the default limit is what the machine can give, not more"
   const Error e = error_of([&] { check_host_room(limit + 1, "more than the limit"); });
   REQUIRE(e.code() == ErrorCode::Backend);
   REQUIRE(contains(e.what(), "available to this process; --device meta"));
-  REQUIRE(host_size_str(640) == "640 B");
-  REQUIRE(host_size_str(3ull << 29) == "1.50 GiB");
+  REQUIRE(format_bytes(640) == "640 B");
+  REQUIRE(format_bytes(3ull << 29) == "1.5 GiB");
   const Error huge = error_of([] { check_host_room(~std::uint64_t(0), "no overflow"); });
   REQUIRE(huge.code() == ErrorCode::Backend);
 }
