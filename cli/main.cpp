@@ -307,7 +307,7 @@ int cmd_verify(VerifyArgs& a) {
   a.p.resolve();
   const ParallelConfig& cfg = a.p.cfg;
   if (a.tolerance_opt->count() == 0) {
-    a.tolerance = default_tolerance(cfg.module.dtype, allow_tf32());
+    a.tolerance = default_tolerance(cfg.module.dtype, allow_tf32(), cfg.world_size);
   }
   const std::vector<int> shape = mesh_shape(cfg);
   if (a.p.procs.rank == 0) {
@@ -1043,7 +1043,8 @@ int main(int argc, char** argv) {
       verify_cmd
           ->add_option("--tolerance", verify_args.tolerance,
                        fmt::format("Max relative error (default: {:.0e} for f32 and f64, {:.0e} "
-                                   "for bf16, {:.0e} for f32 with --allow-tf32)",
+                                   "for bf16, {:.0e} for f32 with --allow-tf32; in f32 at least "
+                                   "world size x 2^-23)",
                                    default_tolerance(DType::F32, false),
                                    default_tolerance(DType::BF16, false),
                                    default_tolerance(DType::F32, true)))

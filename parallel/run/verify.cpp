@@ -133,9 +133,10 @@ void check_verify_memory(const ParallelConfig& cfg, const Plan& plan, const Mesh
 
 }  // namespace
 
-double default_tolerance(DType dt, bool tf32) {
+double default_tolerance(DType dt, bool tf32, int world_size) {
   if (dt == DType::BF16) return 5e-2;
-  return dt == DType::F32 && tf32 ? 1e-2 : 1e-5;
+  if (dt != DType::F32) return 1e-5;
+  return std::max(tf32 ? 1e-2 : 1e-5, double(world_size) * 0x1p-23);
 }
 
 VerifyReport verify(const ParallelConfig& cfg, double tolerance) {

@@ -203,6 +203,17 @@ TEST_CASE("verify passes on uneven shards, input gradients and a dp × tp mesh",
   }
 }
 
+TEST_CASE("verify's default tolerance follows the dtype, and in f32 the world", "[verify]") {
+  REQUIRE(default_tolerance(DType::F32, false) == 1e-5);
+  REQUIRE(default_tolerance(DType::F64, false, 4096) == 1e-5);
+  REQUIRE(default_tolerance(DType::BF16, false, 4096) == 5e-2);
+  REQUIRE(default_tolerance(DType::F32, true, 4) == 1e-2);
+  // A rank-ordered f32 sum of n partials: the bound passes 1e-5 at 84 ranks.
+  REQUIRE(default_tolerance(DType::F32, false, 83) == 1e-5);
+  REQUIRE(default_tolerance(DType::F32, false, 84) == 84 * 0x1p-23);
+  REQUIRE(default_tolerance(DType::F32, false, 4096) == 4096 * 0x1p-23);
+}
+
 TEST_CASE("verify reports a wrong plan with the constant factor of its gradients", "[verify]") {
   // Declares the TP output (replicated) as sharded: the loss counts every copy once per rank,
   // so every parameter gradient comes out 1/world of the reference.
