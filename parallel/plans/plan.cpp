@@ -243,6 +243,11 @@ Plan decoder_plan(const std::string& name) {
     add(std::string("layers.*.feed_forward.") + w, colwise(R, S(-1), true), true);
   }
   add("layers.*.feed_forward.w2", rowwise(S(-1), sp ? S(1) : R), false);
+  if (megatron) {
+    p.requires_model =
+        "the megatron plans need fused QKV (a decoder model file with \"qkv\": \"fused\", e.g. "
+        "samples/models/llama-tiny-megatron.json)";
+  }
   p.coalesce_partial_grads = name == "megatron-sp";
   if (name == "torchtitan" || megatron) {
     add("output", colwise(sp ? S(1) : R, S(-1), false), false);

@@ -312,8 +312,8 @@ std::vector<std::string> parallelize_module(Module& model,
     const bool optional =
         std::find(plan.optional.begin(), plan.optional.end(), pattern) != plan.optional.end();
     COMMTRACE_CHECK(!names.empty() || optional, ErrorCode::InvalidArgument,
-                    "plan '{}': pattern '{}' matches no module of {}", plan.name, pattern,
-                    model.fqn());
+                    "plan '{}': pattern '{}' matches no module of {}{}", plan.name, pattern,
+                    model.fqn(), plan.requires_model.empty() ? "" : "; " + plan.requires_model);
     for (const auto& name : names) {
       try {
         style->apply(*model.find(name), mesh);

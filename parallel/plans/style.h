@@ -84,6 +84,9 @@ struct Plan {
   // Patterns that may match no module (a built-in plan's wq/wk/wv against a fused wqkv model);
   // any other pattern that matches nothing is an error.
   std::vector<std::string> optional;
+  // What the plan asks of a model, added to the error for a required pattern that matches
+  // nothing (a built-in plan's hint: "... needs fused QKV ..."); empty: none.
+  std::string requires_model;
   // A sequence-parallel family over the run's "cp" mesh dim (context.h): the runner shards the
   // input's sequence (model_input Shard(1)) and reduces parameter gradients over cp.
   std::optional<ContextParallel> context_parallel;
