@@ -341,6 +341,7 @@ struct ViewArgs {
   std::string topology;      // a preset or a topology JSON file
   std::string chrome_trace;  // --chrome-trace FILE
   bool memory = false;       // --memory: per module
+  std::optional<AtomicFile> timeline_file;
 
   void add_to(CLI::App* c) {
     c->add_option("--noise", noise,
@@ -360,13 +361,18 @@ struct ViewArgs {
                   "measured times, or the cost model's (--topology, default h100) where none "
                   "were measured");
   }
-  // --chrome-trace: every traced rank's timeline, written through a temporary file.
-  void write_timeline(const std::vector<Trace>& traces, std::FILE* report) const {
+  // --chrome-trace: every traced rank's timeline, written through a temporary file that
+  // open_timeline() creates (before a run, so that a path that cannot be written fails first).
+  void open_timeline() {
+    if (!chrome_trace.empty() && !timeline_file) timeline_file.emplace(chrome_trace);
+  }
+  void write_timeline(const std::vector<Trace>& traces, std::FILE* report) {
     if (chrome_trace.empty()) return;
-    AtomicFile f(chrome_trace);
+    open_timeline();
     write_chrome_trace(traces, load_topology(topology.empty() ? "h100" : topology),
-                       [&](std::string_view s) { f.write(s); });
-    f.commit();
+                       [&](std::string_view s) { timeline_file->write(s); });
+    timeline_file->commit();
+    timeline_file.reset();
     fmt::print(report, "wrote {} (Chrome trace events, {} rank{})\n", chrome_trace, traces.size(),
                traces.size() == 1 ? "" : "s");
   }
@@ -493,6 +499,16 @@ int cmd_run(RunArgs& a) {
       std::fflush(stderr);
     };
   }
+  // The output files are created (as temporaries) before the run: a path that cannot be
+  // written fails now, not after a long run. Every output is written to its temporary file
+  // first; the files replace their targets only when all were written, so a failure leaves
+  // every target as it was. Process 0 writes them.
+  std::optional<AtomicFile> json_file, torch_file;
+  if (a.p.procs.rank == 0) {
+    if (!a.json.empty() && a.json != "-") json_file.emplace(a.json);
+    if (!a.torch_json.empty() && a.torch_json != "-") torch_file.emplace(a.torch_json);
+    a.view.open_timeline();
+  }
   std::vector<double> losses;
   std::vector<Trace> traces = trace_run(o, &losses);
   if (progress) fmt::print(stderr, "\r\x1b[K");
@@ -525,9 +541,6 @@ int cmd_run(RunArgs& a) {
   std::fflush(head);
   a.view.print(t, json_out ? stderr : stdout);
 
-  // Every output is written to its temporary file first; the files replace their targets only
-  // when all were written, so a failure leaves every target as it was.
-  std::optional<AtomicFile> json_file, torch_file;
   if (a.json == "-") {
     write_trace_json(
         traces, [](std::string_view s) { std::fwrite(s.data(), 1, s.size(), stdout); }, a.pretty);
@@ -535,13 +548,11 @@ int cmd_run(RunArgs& a) {
   } else if (a.torch_json == "-") {
     fmt::print("{}\n", torch_json_dump(t, a.view.noise));
   }
-  if (!a.json.empty() && a.json != "-") {
-    json_file.emplace(a.json);
+  if (json_file) {
     write_trace_json(
         traces, [&](std::string_view s) { json_file->write(s); }, a.pretty);
   }
-  if (!a.torch_json.empty() && a.torch_json != "-") {
-    torch_file.emplace(a.torch_json);
+  if (torch_file) {
     torch_file->write(torch_json_dump(t, a.view.noise));
   }
   if (json_file) {

@@ -2,7 +2,7 @@
 # write_failures.sh COMMTRACE: a write that fails on stdout or stderr (/dev/full) exits 2, with
 # the reason on stderr when stdout failed, and never aborts; a command with several output files
 # replaces none of them when one cannot be written, and leaves no temporary file behind; so does
-# a write cut by a file-size limit.
+# a write cut by a file-size limit; an output that cannot be created fails before the run.
 set -u
 ct="$1"
 fail() { echo "write_failures.sh: $*" >&2; exit 1; }
@@ -15,6 +15,16 @@ echo old >"$dir/t.json"
 [[ $rc == 2 ]] || fail "a failing --torch-json exited $rc, expected 2"
 grep -q "missing/x.json" "$dir/err" || fail "the error does not name the file: $(cat "$dir/err")"
 [[ "$(cat "$dir/t.json")" == old ]] || fail "--json replaced its target although --torch-json failed"
+[[ "$(ls "$dir")" == "$(printf 'err\nt.json')" ]] || fail "files left behind: $(ls "$dir")"
+
+# An output that cannot be created fails before the run: nothing of the run is printed (a long
+# run is not wasted); so does --chrome-trace.
+for opt in --json --chrome-trace; do
+  out="$("$ct" run --model toy --iters 3 "$opt" "$dir/missing/y.json" 2>&1)"; rc=$?
+  [[ $rc == 2 ]] || fail "an unwritable $opt exited $rc, expected 2"
+  [[ "$out" == "commtrace: error: $dir/missing/y.json: cannot open for writing: No such file or directory" ]] ||
+    fail "an unwritable $opt said (before failing): $out"
+done
 [[ "$(ls "$dir")" == "$(printf 'err\nt.json')" ]] || fail "files left behind: $(ls "$dir")"
 
 # A file-size limit (ulimit -f, in KiB) cuts the write of a trace of about 100 KiB: the previous
