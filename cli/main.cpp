@@ -452,11 +452,17 @@ bool gather_traces(const ParallelArgs& p, std::vector<Trace>& traces) {
   return true;
 }
 
-// --per-rank-files DIR: this process's traces, one file per rank (DIR/rank-<r>.json).
-void write_per_rank_files(const std::string& dir, const std::vector<Trace>& traces) {
+// --per-rank-files DIR, before the run: DIR exists (made when missing) and can be written.
+void prepare_per_rank_dir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   COMMTRACE_CHECK(!ec, ErrorCode::Io, "--per-rank-files: cannot create {}: {}", dir, ec.message());
+  COMMTRACE_CHECK(::access(dir.c_str(), W_OK) == 0, ErrorCode::Io,
+                  "--per-rank-files: cannot write to {}: {}", dir, std::strerror(errno));
+}
+
+// --per-rank-files DIR: this process's traces, one file per rank (DIR/rank-<r>.json).
+void write_per_rank_files(const std::string& dir, const std::vector<Trace>& traces) {
   for (const Trace& t : traces) {
     write_trace_file(fmt::format("{}/rank-{}.json", dir, t.rank), {t});
   }
@@ -509,6 +515,7 @@ int cmd_run(RunArgs& a) {
     if (!a.torch_json.empty() && a.torch_json != "-") torch_file.emplace(a.torch_json);
     a.view.open_timeline();
   }
+  if (!a.per_rank_dir.empty()) prepare_per_rank_dir(a.per_rank_dir);
   std::vector<double> losses;
   std::vector<Trace> traces = trace_run(o, &losses);
   if (progress) fmt::print(stderr, "\r\x1b[K");
