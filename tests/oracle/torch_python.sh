@@ -8,8 +8,9 @@ torch_python() {
   if [[ -z "$py" ]]; then
     if [[ -x "$here/../../.venv/bin/python" ]]; then py="$here/../../.venv/bin/python"; else py=python3; fi
   fi
-  if ! "$py" -c "import $2" >/dev/null 2>&1; then
-    echo "$1: $2 not importable with $py (see tests/oracle/README.md); skipped"
+  local why
+  if ! why="$("$py" -c "import $2" 2>&1)"; then
+    echo "$1: $2 not importable with $py ($(tail -n 1 <<<"$why"); see tests/oracle/README.md); skipped"
     exit 77
   fi
 }
