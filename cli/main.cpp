@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
@@ -766,7 +767,14 @@ const Trace& pick_rank(const std::vector<Trace>& traces, int rank, const std::st
   for (const Trace& t : traces) {
     if (t.rank == rank) return t;
   }
-  throw Error(ErrorCode::InvalidArgument, fmt::format("{} holds no trace of rank {}", path, rank));
+  std::vector<int> held;
+  for (const Trace& t : traces) held.push_back(t.rank);
+  const std::string holds = held.empty()
+                                ? std::string("none")
+                                : fmt::format("rank{} {}; pick one with --rank",
+                                              held.size() == 1 ? "" : "s", fmt::join(held, ", "));
+  throw Error(ErrorCode::InvalidArgument,
+              fmt::format("{} holds no trace of rank {} (it holds {})", path, rank, holds));
 }
 
 struct ShowArgs {

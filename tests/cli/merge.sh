@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # merge.sh COMMTRACE [MPIRUN]: run --per-rank-files writes one file per traced rank, and merge
 # joins them into the same file --json writes; merge refuses files of different runs and a rank
-# given twice. With MPIRUN, the same through one process per rank (--backend mpi).
+# given twice; show names the ranks a file holds. With MPIRUN, the same through one process per
+# rank (--backend mpi).
 set -u
 ct="$1"
 mpirun="${2:-}"
@@ -24,6 +25,12 @@ err="$("$ct" merge "$dir/a/rank-0.json" "$dir/b/rank-1.json" -o "$dir/x.json" 2>
 err="$("$ct" merge "$dir/a/rank-0.json" "$dir/a/rank-0.json" -o "$dir/x.json" 2>&1)"
 [[ $? == 2 && "$err" == *"rank 0 is also in"* ]] || fail "a rank twice: $err"
 [[ ! -e "$dir/x.json" ]] || fail "a failed merge wrote its output"
+# A merged file without rank 0: show (default --rank 0) names the ranks it holds.
+"$ct" merge "$dir/a/rank-2.json" "$dir/a/rank-1.json" -o "$dir/r.json" >/dev/null || fail "merge of 2"
+err="$("$ct" show "$dir/r.json" 2>&1)"
+[[ $? == 2 && "$err" == *"holds no trace of rank 0 (it holds ranks 1, 2; pick one with --rank)"* ]] ||
+  fail "show without rank 0: $err"
+"$ct" show "$dir/r.json" --rank 2 >/dev/null || fail "show --rank 2 of the merged file"
 
 if [[ -n "$mpirun" ]]; then
   timeout 120 "$mpirun" -np 3 "$ct" run --backend mpi --model transformer --plan sp --rank all \
