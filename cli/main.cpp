@@ -507,9 +507,9 @@ int cmd_run(RunArgs& a) {
     };
   }
   // The output files are created (as temporaries) before the run: a path that cannot be
-  // written fails now, not after a long run. Every output is written to its temporary file
-  // first; the files replace their targets only when all were written, so a failure leaves
-  // every target as it was. Process 0 writes them.
+  // written fails now, not after a long run. Process 0 writes them. --json and --torch-json
+  // replace their targets only when both were written, so a failure of either leaves both as
+  // they were; the timeline is committed after them.
   std::optional<AtomicFile> json_file, torch_file;
   if (a.p.procs.rank == 0) {
     if (!a.json.empty() && a.json != "-") json_file.emplace(a.json);
