@@ -47,19 +47,37 @@ namespace {
 // Control characters in the message (from an argument or a file) are shown as \xNN, so a
 // message cannot carry a terminal escape sequence.
 void print_error(const char* kind, const char* what) noexcept {
-  std::fputs("commtrace: ", stderr);
-  std::fputs(kind, stderr);
+  // The line is built first and written at once (stderr is unbuffered: a write per character
+  // would let the lines of processes sharing the stream, mpirun's ranks, interleave). A line
+  // longer than the buffer is written in pieces.
+  char buf[4096];
+  std::size_t n = 0;
+  auto flush = [&] {
+    std::fwrite(buf, 1, n, stderr);
+    n = 0;
+  };
+  auto put = [&](const char* s, std::size_t len) {
+    for (std::size_t i = 0; i < len; ++i) {
+      if (n == sizeof buf) flush();
+      buf[n++] = s[i];
+    }
+  };
+  put("commtrace: ", 11);
+  put(kind, std::strlen(kind));
   for (const char* p = what; *p != '\0'; ++p) {
     const auto c = static_cast<unsigned char>(*p);
     const bool c1 = c == 0xc2 && static_cast<unsigned char>(p[1]) >= 0x80 &&
                     static_cast<unsigned char>(p[1]) <= 0x9f;
     if (c < 0x20 || c == 0x7f || c1) {
-      std::fprintf(stderr, "\\x%02x", c1 ? static_cast<unsigned char>(*++p) : c);
+      char esc[5];
+      std::snprintf(esc, sizeof esc, "\\x%02x", c1 ? static_cast<unsigned char>(*++p) : c);
+      put(esc, 4);
     } else {
-      std::fputc(c, stderr);
+      put(p, 1);
     }
   }
-  std::fputs("\n", stderr);
+  put("\n", 1);
+  flush();
 }
 
 // Option checks with short messages (CLI11's numeric ranges print 309-digit bounds) that refuse
