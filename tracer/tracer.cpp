@@ -161,7 +161,7 @@ COMMTRACE_HOT bool Tracer::arg_matches(const ArgView& a, std::uint32_t index) {
   return true;
 }
 
-bool Tracer::outputs_match(std::span<const ArgView> outputs, const Record& r) {
+COMMTRACE_HOT bool Tracer::outputs_match(std::span<const ArgView> outputs, const Record& r) {
   if (outputs.size() != r.n_outputs) return false;
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     if (!arg_matches(outputs[i], r.outputs_begin + std::uint32_t(i))) return false;
@@ -442,8 +442,7 @@ Trace Tracer::take() {
   return out;
 }
 
-DeviceTiming::~DeviceTiming() {
-  if (!timer_) return;
+void DeviceTiming::abandon() {
   try {
     timer_->stop(token_);
     (void)timer_->elapsed_s(token_);
@@ -451,8 +450,7 @@ DeviceTiming::~DeviceTiming() {
   }
 }
 
-void DeviceTiming::end(Tracer& tracer, std::uint32_t index) {
-  if (!timer_) return;
+void DeviceTiming::hand_over(Tracer& tracer, std::uint32_t index) {
   timer_->stop(token_);
   tracer.time_on_device(index, *timer_, token_);
   timer_ = nullptr;

@@ -235,12 +235,20 @@ class Tracer {
 class DeviceTiming {
  public:
   explicit DeviceTiming(DeviceTimer* timer) : timer_(timer), token_(timer ? timer->start() : 0) {}
-  ~DeviceTiming();
+  ~DeviceTiming() {
+    if (timer_) abandon();
+  }
   DeviceTiming(const DeviceTiming&) = delete;
   DeviceTiming& operator=(const DeviceTiming&) = delete;
-  void end(Tracer& tracer, std::uint32_t index);
+  void end(Tracer& tracer, std::uint32_t index) {
+    if (timer_) hand_over(tracer, index);
+  }
 
  private:
+  // Out of line: only device-timed events (a timer) reach them.
+  void abandon();
+  void hand_over(Tracer& tracer, std::uint32_t index);
+
   DeviceTimer* timer_;
   std::uint32_t token_;
 };
