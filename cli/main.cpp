@@ -431,10 +431,24 @@ int print_consistency(const std::vector<Trace>& traces, std::FILE* out) {
   return 1;
 }
 
+// The tracer's timing sample (run, bench step).
+void add_timing_options(CLI::App* cmd, TimingPolicy& t) {
+  cmd->add_option(
+         "--time-first", t.first,
+         "Time the first N occurrences of a repeated iteration (the first is always timed)")
+      ->capture_default_str()
+      ->check(whole_number(1, 1000000000));
+  cmd->add_option("--time-every", t.every,
+                  "Then time one repeat in N (1: every repeat; 0: none after the first ones)")
+      ->capture_default_str()
+      ->check(whole_number(0, 1000000000));
+}
+
 struct RunArgs {
   ParallelArgs p;
   ViewArgs view;
   int iters = 1;
+  TimingPolicy timing;
   std::string backend = "threads";
   std::string rank = "0";
   double lr = 1e-3;
@@ -496,6 +510,7 @@ int cmd_run(RunArgs& a) {
   TraceOptions o;
   o.cfg = a.p.cfg;
   o.iters = a.iters;
+  o.timing = a.timing;
   o.lr = a.lr;
   const bool all = a.rank == "all";
   int shown = 0;
@@ -716,7 +731,7 @@ int cmd_bench_step(BenchArgs& a) {
   const ParallelConfig& cfg = a.step.cfg;
   fmt::print(
       "commtrace bench step: {} plan {} on {} ranks, {} backend, {}; {} rounds of {} steps, "
-      "untraced and traced interleaved\n",
+      "each traced and untraced in turn\n",
       cfg.model, cfg.plan, cfg.world_size, cfg.backend, device_name(cfg.module.device),
       a.step.rounds, a.step.steps);
   std::fflush(stdout);
@@ -724,21 +739,23 @@ int cmd_bench_step(BenchArgs& a) {
   fmt::print("  untraced step     {:>10.1f} us  (median)\n", r.untraced_s * 1e6);
   fmt::print("  traced step       {:>10.1f} us  (median; {} rank{} traced)\n", r.traced_s * 1e6,
              r.traced_ranks, r.traced_ranks == 1 ? "" : "s");
-  fmt::print("  traced/untraced   {:>10.3f}     (the rounds' quartiles: {:.3f} to {:.3f})\n",
-             r.ratio(), r.ratio_q1, r.ratio_q3);
-  fmt::print("  events per step   {:>10}     (per traced rank)\n", r.events_per_step);
-  fmt::print("  cost per event    {:>10.0f} ns  ((traced - untraced) / events; wall time)\n",
-             r.ns_per_event());
   fmt::print(
-      "    first step      {:>10.0f} ns  (a new tracer's first iteration: {:.1f} / {:.1f} us)\n",
-      r.ns_per_event_first(), r.traced_first_s * 1e6, r.untraced_first_s * 1e6);
-  if (a.step.steps > 1) {
-    fmt::print(
-        "    repeated steps  {:>10.0f} ns  (each event compared with the previous step's: "
-        "{:.1f} / {:.1f} us = {:.3f})\n",
-        r.ns_per_event_repeat(), r.traced_repeat_s * 1e6, r.untraced_repeat_s * 1e6,
-        r.ratio_repeat());
-  }
+      "  traced/untraced   {:>10.3f}     (a round of {} steps; the rounds' quartiles: {:.3f} to "
+      "{:.3f})\n",
+      r.ratio, a.step.steps, r.ratio_q1, r.ratio_q3);
+  fmt::print("  events per step   {:>10}     (per traced rank)\n", r.events_per_step);
+  fmt::print(
+      "  cost per event    {:>10.0f} ns  ((traced/untraced - 1) x untraced / events; wall time)\n",
+      r.ns_per_event());
+  const auto kind = [&](const char* name, const StepBenchResult::Kind& k, const char* what) {
+    if (k.steps == 0) return;
+    fmt::print("    {:<15} {:>10.0f} ns  ({}: {:.1f} / {:.1f} us, pairs {:.3f}; {} of {})\n", name,
+               r.ns_per_event(k), what, k.traced_s * 1e6, k.untraced_s * 1e6, k.ratio, k.steps,
+               r.first.steps + r.timed.steps + r.untimed.steps);
+  };
+  kind("first step", r.first, "a new tracer's first iteration, interning all it sees");
+  kind("timed repeats", r.timed, "each event compared with the last step's, and timed");
+  kind("untimed repeats", r.untimed, "each event only compared: the steady state of a long run");
   fmt::print(
       "  cpu per step      {:>10.1f} us  (rank 0's thread, waits excluded; untraced {:.1f} us: "
       "{:.3f})\n",
@@ -1042,6 +1059,7 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--iters", run_args.iters, "Training iterations")
       ->capture_default_str()
       ->check(whole_number(1, 1000000));
+  add_timing_options(run_cmd, run_args.timing);
   run_cmd->add_option("--device", run_args.p.device, "cpu, cuda, or meta (with --backend fake)")
       ->capture_default_str()
       ->check(one_of({"cpu", "cuda", "meta"}));
@@ -1207,12 +1225,13 @@ int main(int argc, char** argv) {
       ->check(one_of({"threads", "fake", "nccl"}));
   bench_step_cmd->add_option("--rank", bench_args.rank, "Ranks traced: all, or 0")
       ->capture_default_str();
-  bench_step_cmd->add_option("--steps", bench_args.step.steps, "Steps per sample")
+  bench_step_cmd->add_option("--steps", bench_args.step.steps, "Traced steps per round")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
-  bench_step_cmd->add_option("--rounds", bench_args.step.rounds, "Samples of each kind")
+  bench_step_cmd->add_option("--rounds", bench_args.step.rounds, "Rounds, each on a new tracer")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
+  add_timing_options(bench_step_cmd, bench_args.step.timing);
   auto* bench_ar_cmd = bench_cmd->add_subcommand(
       "allreduce", "A backend's all_reduce bus bandwidth (threads or mpi) against memcpy");
   bench_ar_cmd->add_option("--world-size", bench_args.ar_world, "Ranks (nccl: from 1)")

@@ -1,10 +1,11 @@
-// commtrace's own trace format (DESIGN §3). Version 2.1: per rank, the meshes, the module tree,
+// commtrace's own trace format (DESIGN §3). Version 2.2: per rank, the meshes, the module tree,
 // the blocks of records and the memory per module (2.1); placements as lists of
 // "Shard(dim=0)"-style strings; keys with their default value are omitted (overload "default",
-// sharded false, no mesh, no reason, and in a collective: no reduce op, seq_stride 0, peer and root
-// -1, no placements). Version 1.x (earlier releases) held display strings; they are parsed back
-// into data. The reader is strict: a missing or mistyped field, an unknown enum name or a broken
-// module link is an Error naming the source and the JSON path, never a crash.
+// sharded false, no mesh, no reason, a block's untimed 0 and a record's estimated false (2.2), and
+// in a collective: no reduce op, seq_stride 0, peer and root -1, no placements). Version 1.x
+// (earlier releases) held display strings; they are parsed back into data. The reader is strict: a
+// missing or mistyped field, an unknown enum name or a broken module link is an Error naming the
+// source and the JSON path, never a crash.
 #include "report/trace_json.h"
 
 #include <limits>
@@ -66,6 +67,7 @@ void write_record(JsonWriter& w, const Trace& t, const Record& r) {
   if (r.reason != 0) w.key("reason").value(t.str(r.reason));
   w.key("start_s").value(r.start_s);
   w.key("duration_s").value(r.duration_s);
+  if (r.estimated) w.key("estimated").value(true);  // 2.2
   if (r.kind == EventKind::Collective) {
     const CollectiveInfo& c = r.collective;
     w.key("collective").begin_object();
@@ -139,6 +141,7 @@ void write_rank(JsonWriter& w, const Trace& t, const std::map<std::string, std::
   w.key("blocks").begin_array();
   for (const Block& b : t.block_list()) {
     w.begin_object().key("iteration").value(b.iteration).key("repeat").value(b.repeat);
+    if (b.untimed != 0) w.key("untimed").value(b.untimed);  // 2.2
     w.key("records").begin_array();
     for (std::uint32_t i = b.first; i < b.first + b.count; ++i) write_record(w, t, t.records[i]);
     w.end_array().end_object();
@@ -164,7 +167,7 @@ class TraceReader {
 
   std::vector<Trace> read(const Json& root) {
     const JsonPath top;
-    major_ = rd_.check_header(root, kTraceSchema, {{1, 0}, {2, 1}}, "trace");
+    major_ = rd_.check_header(root, kTraceSchema, {{1, 0}, {2, 2}}, "trace");
     rd_.check_keys(root, top, {"schema", "version", "metadata", "ranks"});
     const auto metadata = read_metadata(rd_.at(root, "metadata", top), top.key("metadata"));
     const JsonPath rpath = top.key("ranks");
@@ -372,13 +375,20 @@ class TraceReader {
     for (std::size_t i = 0; i < j.size(); ++i) {
       const JsonPath p = path.index(i);
       const Json& b = rd_.object(j[i], p);
-      rd_.check_keys(b, p, {"iteration", "repeat", "records"});
+      rd_.check_keys(b, p, {"iteration", "repeat", "untimed", "records"});
       Block block;
       block.first = std::uint32_t(t.records.size());
       block.iteration =
           std::uint32_t(rd_.integer(rd_.at(b, "iteration", p), p.key("iteration"), 0, 0xffffffff));
       block.repeat = rd_.unsigned_integer(rd_.at(b, "repeat", p), p.key("repeat"));
       if (block.repeat == 0) rd_.fail(p.key("repeat"), "a block repeats at least once");
+      if (const Json* u = rd_.find(b, "untimed")) {
+        block.untimed = rd_.unsigned_integer(*u, p.key("untimed"));
+        if (block.untimed >= block.repeat) {
+          rd_.fail(p.key("untimed"), fmt::format("{} of {} repeats untimed: at least one is timed",
+                                                 block.untimed, block.repeat));
+        }
+      }
       const JsonPath rp = p.key("records");
       const Json& records = rd_.array(rd_.at(b, "records", p), rp);
       for (std::size_t k = 0; k < records.size(); ++k) {
@@ -426,9 +436,10 @@ class TraceReader {
                       "outputs", "sharded", "mesh", "reason", "time_s", "collective"});
       rd_.unsigned_integer(rd_.at(j, "index", p), p.key("index"));
     } else {
-      rd_.check_keys(j, p,
-                     {"kind", "name", "overload", "phase", "module", "dtype", "inputs", "outputs",
-                      "sharded", "mesh", "reason", "start_s", "duration_s", "collective"});
+      rd_.check_keys(
+          j, p,
+          {"kind", "name", "overload", "phase", "module", "dtype", "inputs", "outputs", "sharded",
+           "mesh", "reason", "start_s", "duration_s", "estimated", "collective"});
     }
     Record r;
     r.kind = rd_.parse_with(rd_.at(j, "kind", p), p.key("kind"), parse_event_kind);
@@ -463,6 +474,9 @@ class TraceReader {
       }
       r.start_s = rd_.number(rd_.at(j, "start_s", p), p.key("start_s"));
       r.duration_s = rd_.number(rd_.at(j, "duration_s", p), p.key("duration_s"));
+      if (const Json* e = rd_.find(j, "estimated")) {
+        r.estimated = rd_.boolean(*e, p.key("estimated"));
+      }
     }
     const Json* coll = rd_.find(j, "collective");
     if (r.kind == EventKind::Collective) {

@@ -1,9 +1,10 @@
-// commtrace's own trace format: versioned JSON ("schema": "commtrace.trace", "version": "2.1";
+// commtrace's own trace format: versioned JSON ("schema": "commtrace.trace", "version": "2.2";
 // minor = field added, major = field changed) holding every traced rank's module tree, meshes
 // and records (blocks of iterations, a repeated block stored once with its repeat count), and
-// the run's metadata, and (2.1) each rank's memory per module. Written streamed, compact unless
-// pretty. The reader takes 2.x and the 1.x files of earlier releases (display strings parsed back
-// into data).
+// the run's metadata, (2.1) each rank's memory per module, and (2.2) the repeats whose times
+// were not sampled (a block's "untimed") and records whose times are estimates ("estimated").
+// Written streamed, compact unless pretty. The reader takes 2.x and the 1.x files of earlier
+// releases (display strings parsed back into data).
 #pragma once
 
 #include <string>
@@ -15,7 +16,7 @@
 namespace commtrace {
 
 inline constexpr const char* kTraceSchema = "commtrace.trace";
-inline constexpr const char* kTraceVersion = "2.1";
+inline constexpr const char* kTraceVersion = "2.2";
 
 // REQUIRES: at least one trace. Metadata comes from traces[0].metadata.
 void write_trace_json(const std::vector<Trace>& traces, const JsonWriter::Sink& sink,

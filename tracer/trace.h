@@ -121,18 +121,25 @@ struct Record {
   MeshId mesh = kNoMesh;     // of a sharded op or collective
   std::uint32_t inputs_begin = 0, outputs_begin = 0;  // into Trace::args
   std::uint16_t n_inputs = 0, n_outputs = 0;
+  // Its times are estimates, not measured: the occurrence was not timed (a sampled-out repeat that
+  // then diverged): start_s from its iteration's start, duration_s the mean of the record it
+  // repeated (0 when none).
+  bool estimated = false;
   CollectiveInfo collective;  // meaningful when kind == Collective
   double start_s = 0;         // since the trace began; a repeated block's first occurrence
-  double duration_s = 0;      // a repeated block's mean
+  double duration_s = 0;      // a repeated block's mean over its timed occurrences
 };
 
 // A run of records that happened `repeat` times in a row: iteration `iteration` and the next
 // repeat − 1 identical ones (or, read from a PyTorch dump, one collective counted repeat times).
+// `untimed` of the repeats were not timed (the tracer samples the times of long runs): the
+// records' durations are the means over the other repeat − untimed.
 struct Block {
   std::uint32_t first = 0;  // index of its first record
   std::uint32_t count = 0;
   std::uint32_t iteration = 0;
   std::uint64_t repeat = 1;
+  std::uint64_t untimed = 0;
 };
 
 struct ParamInfo {

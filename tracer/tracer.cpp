@@ -1,4 +1,5 @@
-// The tracer: interning, fixed-size records, iteration folding and the scopes.
+// The tracer: interning, fixed-size records, iteration folding with its replay of repeated
+// iterations, the timing sample, and the scopes.
 #include "tracer/tracer.h"
 
 #include <algorithm>
@@ -6,26 +7,41 @@
 
 #include "tracer/nvtx.h"
 
-// The per-event helpers of the matching path: inlined into their callers.
-#if defined(__GNUC__)
-#define COMMTRACE_HOT [[gnu::always_inline]] inline
-#else
-#define COMMTRACE_HOT inline
-#endif
-
 namespace commtrace {
 
 namespace {
 std::atomic<std::uint32_t> g_next_tracer_id{1};  // 0 marks an empty slot
 
-COMMTRACE_HOT std::uint16_t arg_count(std::size_t n, const char* what) {
-  COMMTRACE_CHECK(n <= 0xffff, ErrorCode::Internal, "tracer: {} {} arguments in one record", n,
-                  what);
-  return std::uint16_t(n);
+// Dim i of an n-d shape (n >= 2) as a transposed view shows it (the last two swapped).
+std::size_t swapped_dim(std::size_t i, std::size_t n) { return i + 2 >= n ? 2 * n - 3 - i : i; }
+
+// A shard placement of a tensor of rank last + 1 as its transposed view shows it.
+Placement swapped_placement(Placement p, int last) {
+  if (p.is_shard() && p.dim >= last - 1) p.dim = p.dim == last ? last - 1 : last;
+  return p;
 }
+
+// What a view that swaps() records: its shapes and shard dims swapped.
+struct SwappedArg {
+  explicit SwappedArg(const ArgView& a) {
+    auto swap = [](std::span<const std::int64_t> s, Shape& out) {
+      out.assign(s.begin(), s.end());
+      if (out.size() >= 2) std::swap(out[out.size() - 2], out[out.size() - 1]);
+    };
+    swap(a.shape, shape);
+    swap(a.global, global);
+    const int last = int(a.global.empty() ? a.shape.size() : a.global.size()) - 1;
+    for (const Placement& p : a.placements) placements.push_back(swapped_placement(p, last));
+  }
+  Shape shape, global;
+  std::vector<Placement> placements;
+};
 }  // namespace
 
-Tracer::Tracer(int rank) : id_(g_next_tracer_id.fetch_add(1, std::memory_order_relaxed)) {
+Tracer::Tracer(int rank, TimingPolicy timing)
+    : id_(g_next_tracer_id.fetch_add(1, std::memory_order_relaxed)),
+      slot_tag_(std::uint64_t(id_) << 32),
+      policy_(timing) {
   trace_.rank = rank;
   trace_.records.reserve(1024);
   sources_.reserve(1024);
@@ -33,27 +49,37 @@ Tracer::Tracer(int rank) : id_(g_next_tracer_id.fetch_add(1, std::memory_order_r
   trace_.blocks.push_back(Block{0, 0, 0, 1});
 }
 
-int Tracer::enter_module(std::string_view fqn, std::string_view type) {
+int Tracer::enter_module(std::string_view fqn, std::string_view type, const TraceSlot* slot) {
   const int parent = stack_.back();
+  std::uint32_t known = 0;
+  if (slot && slot->get(id_, known) && known < trace_.modules.size() &&
+      trace_.modules[known].parent == parent) {
+    stack_.push_back(int(known));
+    nvtx::push(trace_.modules[known].fqn.c_str());
+    return int(known);
+  }
+  int id = -1;
   for (int c : trace_.modules[std::size_t(parent)].children) {
     if (trace_.modules[std::size_t(c)].fqn == fqn) {
-      stack_.push_back(c);
-      nvtx::push(trace_.modules[std::size_t(c)].fqn.c_str());
-      return c;
+      id = c;
+      break;
     }
   }
-  const int depth = trace_.modules[std::size_t(parent)].depth + 1;
-  COMMTRACE_CHECK(depth <= kMaxModuleDepth, ErrorCode::InvalidArgument,
-                  "tracer: module '{}' nests {} levels deep, more than {}", fqn, depth,
-                  kMaxModuleDepth);
-  const int id = int(trace_.modules.size());
-  ModuleNode node;
-  node.fqn = fqn;
-  node.type = type;
-  node.parent = parent;
-  node.depth = depth;
-  trace_.modules.push_back(std::move(node));
-  trace_.modules[std::size_t(parent)].children.push_back(id);
+  if (id < 0) {
+    const int depth = trace_.modules[std::size_t(parent)].depth + 1;
+    COMMTRACE_CHECK(depth <= kMaxModuleDepth, ErrorCode::InvalidArgument,
+                    "tracer: module '{}' nests {} levels deep, more than {}", fqn, depth,
+                    kMaxModuleDepth);
+    id = int(trace_.modules.size());
+    ModuleNode node;
+    node.fqn = fqn;
+    node.type = type;
+    node.parent = parent;
+    node.depth = depth;
+    trace_.modules.push_back(std::move(node));
+    trace_.modules[std::size_t(parent)].children.push_back(id);
+  }
+  if (slot) slot->set(id_, std::uint32_t(id));
   stack_.push_back(id);
   nvtx::push(trace_.modules[std::size_t(id)].fqn.c_str());
   return id;
@@ -85,7 +111,7 @@ void Tracer::set_params(int module,
   }
 }
 
-COMMTRACE_HOT StrId Tracer::intern_static(const char* s) {
+StrId Tracer::intern_static(const char* s) {
   StaticSlot& slot = static_cache_[(reinterpret_cast<std::uintptr_t>(s) >> 3) & 255];
   if (slot.ptr == s) return slot.id;
   auto [it, inserted] = static_ids_.try_emplace(s, 0);
@@ -96,8 +122,16 @@ COMMTRACE_HOT StrId Tracer::intern_static(const char* s) {
 
 // A view's argument, its ids taken from the slots where they hold one for this tracer.
 void Tracer::push_arg(const ArgView& a) {
-  std::uint32_t q = 0;
   TensorArg t;
+  if (a.swaps()) {
+    const SwappedArg sw(a);
+    t.shape = trace_.pools.intern_shape(sw.shape);
+    t.global_shape = sw.global.empty() ? t.shape : trace_.pools.intern_shape(sw.global);
+    t.placements = sw.placements.empty() ? 0 : trace_.pools.intern_placements(sw.placements);
+    trace_.args.push_back(t);
+    return;
+  }
+  std::uint32_t q = 0;
   if (a.slot && a.slot->get(id_, q)) {
     t = trace_.args[q];
   } else {
@@ -122,200 +156,190 @@ MeshId Tracer::intern_mesh(const MeshInfo& m, std::uint64_t key) {
   return it->second;
 }
 
-COMMTRACE_HOT MeshId Tracer::mesh_id(const MeshInfo& m, std::uint64_t key) {
+MeshId Tracer::mesh_id(const MeshInfo& m, std::uint64_t key) {
   return key != 0 && key == last_mesh_.first ? last_mesh_.second : intern_mesh(m, key);
 }
 
-COMMTRACE_HOT bool Tracer::dims_equal(std::span<const std::int64_t> dims, ShapeId id) const {
-  const auto s = trace_.pools.shape(id);
-  if (s.size() != dims.size()) return false;
-  for (std::size_t i = 0; i < s.size(); ++i) {  // a loop: shapes are short, memcmp is a call
-    if (s[i] != dims[i]) return false;
-  }
-  return true;
-}
-
-// Stored argument `index` describes view `a`, found without interning: a slot holding this
-// tracer's argument is one compare of ids (equal dims have equal ids, so a global shape equal to
-// the shape matches the shape's id whichever way the view gives it). A match fills the slot.
-COMMTRACE_HOT bool Tracer::arg_matches(const ArgView& a, std::uint32_t index) {
-  const TensorArg* args = trace_.args.data();
-  std::uint32_t q = 0;
-  if (a.slot && a.slot->get(id_, q)) return q == index || args[q] == args[index];
-  const TensorArg& t = args[index];
-  if (a.shape_slot && a.shape_slot != a.slot && a.shape_slot->get(id_, q)) {
-    if (args[q].shape != t.shape) return false;
-  } else if (!dims_equal(a.shape, t.shape)) {
-    return false;
-  }
-  if (a.global.empty() ? t.global_shape != t.shape : !dims_equal(a.global, t.global_shape)) {
-    return false;
-  }
-  if (t.placements == 0) {  // a plain tensor: no table lookup
-    if (!a.placements.empty()) return false;
-  } else {
-    const auto p = trace_.pools.placements(t.placements);
-    if (!std::equal(p.begin(), p.end(), a.placements.begin(), a.placements.end())) return false;
-  }
-  if (a.slot) a.slot->set(id_, index);
-  return true;
-}
-
-COMMTRACE_HOT bool Tracer::outputs_match(std::span<const ArgView> outputs, const Record& r) {
-  if (outputs.size() != r.n_outputs) return false;
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    if (!arg_matches(outputs[i], r.outputs_begin + std::uint32_t(i))) return false;
-  }
-  return true;
-}
-
-// Everything same_event compares, read from the view instead of the stored record `index`.
-// Names and meshes are compared by address (the view's pointer, the mesh's key) before by id.
-COMMTRACE_HOT bool Tracer::matches(const EventView& e, const CollectiveView* c,
-                                   std::uint32_t index) {
-  const Record& r = trace_.records[index];
-  const Source& s = sources_[index];
-  if (r.kind != e.kind || r.phase != phase_ || r.dtype != e.dtype || r.sharded != e.sharded ||
-      r.module != std::uint32_t(stack_.back()) || r.n_inputs != e.inputs.size() ||
-      (s.name != e.name && r.name != intern_static(e.name)) ||
-      (s.overload != e.overload && r.overload != intern_static(e.overload)) ||
-      (e.reason.empty() ? r.reason != 0 : trace_.pools.str(r.reason) != e.reason) ||
-      (e.mesh
-           ? (e.mesh_key == 0 || e.mesh_key != s.mesh_key) && r.mesh != mesh_id(*e.mesh, e.mesh_key)
-           : r.mesh != kNoMesh) ||
-      (r.kind == EventKind::Collective) != (c != nullptr)) {
-    return false;
-  }
-  if (c) {
-    const CollectiveInfo& ci = r.collective;
-    auto same = [&](PlacementsId id, std::span<const Placement> p) {
-      const auto l = trace_.pools.placements(id);
-      return std::equal(l.begin(), l.end(), p.begin(), p.end());
-    };
-    if (ci.op != c->op || ci.reduce_op != c->reduce_op || ci.group_size != c->group_size ||
-        ci.group_rank != c->group_rank || ci.peer != c->peer || ci.root != c->root ||
-        ci.bytes != c->bytes || trace_.pools.str(ci.group) != c->group ||
-        !same(ci.before, c->before) || !same(ci.after, c->after)) {
-      return false;
+// arg_matches without the slots: a transposed view, or a tensor no slot covers.
+bool Tracer::arg_matches_by_value(ArgView a, std::uint32_t index) const {
+  const TensorArg& t = trace_.args[index];
+  const bool sw = a.swaps();
+  auto same_dims = [&](std::span<const std::int64_t> dims, ShapeId id) {
+    const auto s = trace_.pools.shape(id);
+    if (s.size() != dims.size()) return false;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      if (s[i] != dims[sw ? swapped_dim(i, s.size()) : i]) return false;
     }
+    return true;
+  };
+  if (!same_dims(a.shape, t.shape)) return false;
+  if (a.global.empty() ? t.global_shape != t.shape : !same_dims(a.global, t.global_shape)) {
+    return false;
   }
-  for (std::size_t i = 0; i < e.inputs.size(); ++i) {
-    if (!arg_matches(e.inputs[i], r.inputs_begin + std::uint32_t(i))) return false;
+  const auto p = trace_.pools.placements(t.placements);
+  if (p.size() != a.placements.size()) return false;
+  const int last = int(a.global.empty() ? a.shape.size() : a.global.size()) - 1;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    if (!(p[i] == (sw ? swapped_placement(a.placements[i], last) : a.placements[i]))) return false;
   }
-  return e.outputs.empty() || outputs_match(e.outputs, r);
+  return true;
+}
+
+// head_matches by value: names by interned id, the reason by text, the mesh by id. A match keeps
+// the new addresses, so the next repeat compares them.
+bool Tracer::head_matches_slow(EventHead h, std::uint32_t index) {
+  const Record& r = trace_.records[index];
+  if (r.kind != h.kind || r.phase != phase_ || r.dtype != h.dtype || r.sharded != h.sharded ||
+      r.module != std::uint32_t(stack_.back()) || r.name != intern_static(h.name) ||
+      r.overload != intern_static(h.overload) || trace_.pools.str(r.reason) != h.reason ||
+      (h.mesh ? r.mesh != mesh_id(*h.mesh, h.mesh_key) : r.mesh != kNoMesh)) {
+    return false;
+  }
+  Source& s = sources_[index];
+  s.name = h.name;
+  s.overload = h.overload;
+  s.mesh_key = h.mesh ? h.mesh_key : 0;
+  return true;
+}
+
+bool Tracer::collective_matches(const CollectiveView& c, const Record& r) const {
+  const CollectiveInfo& ci = r.collective;
+  auto same = [&](PlacementsId id, std::span<const Placement> p) {
+    const auto l = trace_.pools.placements(id);
+    return std::equal(l.begin(), l.end(), p.begin(), p.end());
+  };
+  return ci.op == c.op && ci.reduce_op == c.reduce_op && ci.group_size == c.group_size &&
+         ci.group_rank == c.group_rank && ci.peer == c.peer && ci.root == c.root &&
+         ci.bytes == c.bytes && trace_.pools.str(ci.group) == c.group &&
+         same(ci.before, c.before) && same(ci.after, c.after);
 }
 
 // The open block's matched events become records: copies of the previous block's records with
-// their own times and sequence numbers.
+// their own times (estimated when the iteration is not timed) and sequence numbers.
 void Tracer::materialize() {
   speculating_ = false;
+  implied_end_ = 0;
   std::vector<Record>& rs = trace_.records;
   rs.reserve(rs.size() + n_pending_);
   sources_.reserve(rs.capacity());
+  const double block_start = n_pending_ ? rs[prev_.first].start_s : 0.0;
+  auto copy_args = [&](std::uint32_t begin, std::uint16_t n) {
+    const std::uint32_t at = std::uint32_t(trace_.args.size());
+    for (std::uint32_t k = 0; k < n; ++k) {
+      const TensorArg a = trace_.args[begin + k];
+      trace_.args.push_back(a);
+    }
+    return at;
+  };
   for (std::size_t i = 0; i < n_pending_; ++i) {
     Record r = rs[prev_.first + i];
     const Pending& p = pending_[i];
-    auto copy_args = [&](std::uint32_t begin, std::uint16_t n) {
-      const std::uint32_t at = std::uint32_t(trace_.args.size());
-      for (std::uint32_t k = 0; k < n; ++k) {
-        const TensorArg a = trace_.args[begin + k];
-        trace_.args.push_back(a);
-      }
-      return at;
-    };
     r.inputs_begin = copy_args(r.inputs_begin, r.n_inputs);
     if (!p.outputs_seen) r.n_outputs = 0;
     r.outputs_begin = copy_args(r.outputs_begin, r.n_outputs);
-    r.start_s = double(p.start);
-    r.duration_s = double(p.duration);
-    r.collective.seq = p.seq;
-    r.collective.seq_stride = 0;
+    if (timed_iteration_) {
+      r.start_s = double(p.start);
+      r.duration_s = double(p.duration);
+      r.estimated = false;
+    } else {  // the duration stays the repeated record's mean
+      r.start_s = double(iteration_start_) + (r.start_s - block_start);
+      r.estimated = true;
+    }
+    if (r.kind == EventKind::Collective) {
+      r.collective.seq = p.seq;
+      r.collective.seq_stride = 0;
+    }
     rs.push_back(r);
     sources_.push_back(sources_[prev_.first + i]);
   }
   n_pending_ = 0;
 }
 
-// The event matched the previous block's record at its position: it becomes pending (no record).
-COMMTRACE_HOT bool Tracer::match_next(const EventView& e, const CollectiveView* c,
-                                      std::uint64_t start) {
-  const std::uint32_t pos = n_pending_;
-  if (pos >= prev_.count || !matches(e, c, prev_.first + pos)) return false;
-  const Record& r = trace_.records[prev_.first + pos];
-  const bool seen = !e.outputs.empty() || r.n_outputs == 0;
-  unseen_ += !seen;
-  if (c) {  // the sequence number advances by the stride the first repeat set
-    const CollectiveInfo& ci = r.collective;
-    const std::uint64_t last = ci.seq + (prev_.repeat - 1) * ci.seq_stride;
-    seq_ok_ = seq_ok_ && c->seq >= last && (prev_.repeat == 1 || c->seq - last == ci.seq_stride);
-  }
-  pending_[pos] = Pending{start, 0, c ? c->seq : 0, seen};  // sized by next_iteration()
-  ++n_pending_;
-  // The next event is compared with the next record: fetch it (and the arguments that usually
-  // follow this record's) while the op runs, so the compare finds them in cache.
-  if (pos + 1 < prev_.count) {
-    const char* next = reinterpret_cast<const char*>(&r + 1);
-    for (std::size_t off = 0; off < sizeof(Record); off += 64) __builtin_prefetch(next + off);
-    __builtin_prefetch(trace_.args.data() + r.outputs_begin + r.n_outputs);
-  }
-  return true;
+void Tracer::Writer::input(const ArgView& a) {
+  Record& r = t.trace_.records[index];
+  COMMTRACE_CHECK(r.n_outputs == 0 && r.n_inputs < 0xffff, ErrorCode::Internal,
+                  "tracer: an input after the outputs, or more than 65535 inputs");
+  t.push_arg(a);
+  ++r.n_inputs;
 }
 
-// A new record (after the pending ones, when the event ended speculation).
-std::uint32_t Tracer::append(const EventView& e, const CollectiveView* c, std::uint64_t start) {
-  if (speculating_) materialize();
-  Record r;
-  r.kind = e.kind;
-  r.phase = phase_;
-  r.dtype = e.dtype;
-  r.sharded = e.sharded;
-  r.name = intern_static(e.name);
-  r.overload = intern_static(e.overload);
-  r.reason = e.reason.empty() ? 0 : trace_.pools.intern(e.reason);
-  r.module = std::uint32_t(stack_.back());
-  if (e.mesh) r.mesh = mesh_id(*e.mesh, e.mesh_key);
-  r.inputs_begin = std::uint32_t(trace_.args.size());
-  r.n_inputs = arg_count(e.inputs.size(), "input");
-  for (const ArgView& a : e.inputs) push_arg(a);
-  r.outputs_begin = std::uint32_t(trace_.args.size());
-  r.n_outputs = arg_count(e.outputs.size(), "output");
-  for (const ArgView& a : e.outputs) push_arg(a);
-  if (c) {
-    CollectiveInfo& ci = r.collective;
-    ci.op = c->op;
-    ci.reduce_op = c->reduce_op;
-    ci.seq = c->seq;
-    ci.group = trace_.pools.intern(c->group);
-    ci.group_size = c->group_size;
-    ci.group_rank = c->group_rank;
-    ci.peer = c->peer;
-    ci.root = c->root;
-    ci.bytes = c->bytes;
-    ci.before = trace_.pools.intern_placements(c->before);
-    ci.after = trace_.pools.intern_placements(c->after);
+void Tracer::Writer::output(const ArgView& a) {
+  Record& r = t.trace_.records[index];
+  if (replace_outputs) {  // outputs given at finish() replace those given before
+    r.n_outputs = 0;
+    replace_outputs = false;
   }
-  // Ticks until take() converts them.
-  r.start_s = double(start);
-  const std::uint32_t index = std::uint32_t(trace_.records.size());
-  trace_.records.push_back(r);
-  sources_.push_back(Source{e.name, e.overload, e.mesh ? e.mesh_key : 0});
+  COMMTRACE_CHECK(r.n_outputs < 0xffff, ErrorCode::Internal, "tracer: more than 65535 outputs");
+  if (r.n_outputs == 0) r.outputs_begin = std::uint32_t(t.trace_.args.size());
+  t.push_arg(a);
+  ++r.n_outputs;
+}
+
+// A written record() event ran from `start` until now; one that began while the iteration was
+// not timed gets estimates: the mean duration of `like` (the record it was compared with).
+void Tracer::end_record(std::uint32_t index, std::uint64_t start, std::uint32_t like) {
+  Record& r = trace_.records[index];
+  Source& s = sources_[index];
+  if (s.key != 0) s.inner = 0;  // a record() event has nothing inside
+  const double end = double(now());
+  if (start == kNoTime) {
+    r.estimated = true;
+    r.duration_s = like == kNone ? 0.0 : trace_.records[like].duration_s;
+    r.start_s = std::max(0.0, end - r.duration_s);
+  } else {
+    r.start_s = double(start);
+    r.duration_s = end - r.start_s;
+  }
+}
+
+void Tracer::begin_record(std::uint32_t index, const CollectiveView* c) {
+  Record& r = trace_.records[index];
+  if (c) set_collective(r, *c);
+  r.start_s = double(now());
+}
+
+// A written event ends: its duration, and the number of events inside a keyed one.
+std::uint32_t Tracer::finish_written(std::uint32_t index) {
+  Record& r = trace_.records.at(index);
+  if (!r.estimated) r.duration_s = double(now()) - r.start_s;
+  Source& s = sources_[index];
+  if (s.key != 0) s.inner = std::uint32_t(trace_.records.size()) - index - 1;
   return index;
 }
 
-std::uint32_t Tracer::record(const EventView& e, std::uint64_t start) {
-  if (speculating_ && match_next(e, nullptr, start)) {
-    pending_[n_pending_ - 1].duration = now() - start;
-    return last_pending();
-  }
-  const std::uint32_t i = append(e, nullptr, start);
-  trace_.records[i].duration_s = double(now()) - trace_.records[i].start_s;
-  return i;
+std::uint32_t Tracer::append_head(const EventHead& h) {
+  Record r;
+  r.kind = h.kind;
+  r.phase = phase_;
+  r.dtype = h.dtype;
+  r.sharded = h.sharded;
+  r.name = intern_static(h.name);
+  r.overload = intern_static(h.overload);
+  r.reason = h.reason.empty() ? 0 : trace_.pools.intern(h.reason);
+  r.module = std::uint32_t(stack_.back());
+  if (h.mesh) r.mesh = mesh_id(*h.mesh, h.mesh_key);
+  r.inputs_begin = r.outputs_begin = std::uint32_t(trace_.args.size());
+  const std::uint32_t index = std::uint32_t(trace_.records.size());
+  trace_.records.push_back(r);
+  sources_.push_back(Source{h.name, h.overload, trace_.pools.str(r.reason), h.mesh ? h.mesh_key : 0,
+                            h.key, kNoInner});
+  return index;
 }
 
-std::uint32_t Tracer::begin(const EventView& e, const CollectiveView* collective) {
-  const std::uint64_t start = now();
-  return speculating_ && match_next(e, collective, start) ? last_pending()
-                                                          : append(e, collective, start);
+void Tracer::set_collective(Record& r, const CollectiveView& c) {
+  CollectiveInfo& ci = r.collective;
+  ci.op = c.op;
+  ci.reduce_op = c.reduce_op;
+  ci.seq = c.seq;
+  ci.seq_stride = 0;
+  ci.group = trace_.pools.intern(c.group);
+  ci.group_size = c.group_size;
+  ci.group_rank = c.group_rank;
+  ci.peer = c.peer;
+  ci.root = c.root;
+  ci.bytes = c.bytes;
+  ci.before = trace_.pools.intern_placements(c.before);
+  ci.after = trace_.pools.intern_placements(c.after);
 }
 
 void Tracer::time_on_device(std::uint32_t index, DeviceTimer& timer, std::uint32_t token) {
@@ -342,48 +366,30 @@ void Tracer::resolve_device_times() {
   device_spans_.clear();
 }
 
-void Tracer::finish(std::uint32_t index, std::span<const ArgView> outputs) {
-  const std::uint64_t end = now();
-  if (speculating(index)) {
-    const std::size_t pos = index - trace_.records.size();
-    COMMTRACE_CHECK(speculating_ && pos < n_pending_, ErrorCode::Internal,
-                    "tracer: finish for unknown record {}", index);
-    Pending& p = pending_[pos];
-    if (outputs.empty() || outputs_match(outputs, trace_.records[prev_.first + pos])) {
-      if (!outputs.empty() && !p.outputs_seen) {
-        p.outputs_seen = true;
-        --unseen_;
-      }
-      p.duration = end - p.start;
-      return;
-    }
-    materialize();  // the record now exists at `index`
-  }
-  Record& r = trace_.records.at(index);
-  if (!outputs.empty()) {
-    r.outputs_begin = std::uint32_t(trace_.args.size());
-    r.n_outputs = arg_count(outputs.size(), "output");
-    for (const ArgView& a : outputs) push_arg(a);
-  }
-  r.duration_s = double(end) - r.start_s;
-}
-
 // Ends the open block: folded into the one before when every event matched it and every
-// collective's sequence number advanced by its stride (set by the first repeat).
+// collective's sequence number advanced by its stride (set by the first repeat). A timed repeat
+// joins the records' mean durations; an untimed one is counted.
 void Tracer::close_block() {
   resolve_device_times();
   std::vector<Block>& blocks = trace_.blocks;
   if (speculating_) {
     Block& p = blocks[blocks.size() - 2];
     if (n_pending_ == p.count && unseen_ == 0 && seq_ok_) {
-      const double weight = 1.0 / double(p.repeat + 1);
-      for (std::uint32_t i = 0; i < p.count; ++i) {
-        Record& a = trace_.records[p.first + i];
-        if (a.kind == EventKind::Collective && p.repeat == 1) {
-          a.collective.seq_stride = pending_[i].seq - a.collective.seq;
+      Record* rs = trace_.records.data() + p.first;
+      if (p.repeat == 1) {
+        for (std::uint32_t i = 0; i < p.count; ++i) {
+          if (rs[i].kind == EventKind::Collective) {
+            rs[i].collective.seq_stride = pending_[i].seq - rs[i].collective.seq;
+          }
         }
-        // Running mean of the durations over the repeats.
-        a.duration_s += (double(pending_[i].duration) - a.duration_s) * weight;
+      }
+      if (timed_iteration_) {
+        const double weight = 1.0 / double(p.repeat - p.untimed + 1);
+        for (std::uint32_t i = 0; i < p.count; ++i) {
+          rs[i].duration_s += (double(pending_[i].duration) - rs[i].duration_s) * weight;
+        }
+      } else {
+        ++p.untimed;
       }
       ++p.repeat;
       speculating_ = false;
@@ -404,9 +410,15 @@ void Tracer::next_iteration() {
   trace_.blocks.push_back(Block{std::uint32_t(trace_.records.size()), 0, iteration_, 1});
   prev_ = trace_.blocks[trace_.blocks.size() - 2];
   speculating_ = prev_.count > 0;
+  // This iteration is occurrence prev_.repeat of the previous block, if it repeats it.
+  const std::uint64_t k = prev_.repeat;
+  timed_iteration_ =
+      !speculating_ || k < policy_.first || (policy_.every > 0 && k % policy_.every == 0);
   if (pending_.size() < prev_.count) pending_.resize(prev_.count);
   unseen_ = 0;
   seq_ok_ = true;
+  implied_end_ = 0;
+  iteration_start_ = now();
 }
 
 std::size_t Tracer::memory_bytes() const {
@@ -431,9 +443,13 @@ Trace Tracer::take() {
   phase_ = Phase::Forward;
   iteration_ = 0;
   speculating_ = false;
+  timed_iteration_ = true;
   n_pending_ = 0;
+  iteration_start_ = 0;
+  implied_end_ = 0;
   sources_.clear();
   id_ = g_next_tracer_id.fetch_add(1, std::memory_order_relaxed);  // the slots' ids are stale
+  slot_tag_ = std::uint64_t(id_) << 32;
   static_ids_.clear();
   static_cache_.fill(StaticSlot{});
   mesh_keys_.clear();
@@ -461,8 +477,9 @@ TracerActivation::TracerActivation(Tracer& t) : previous_(Tracer::current_) {
 }
 TracerActivation::~TracerActivation() { Tracer::current_ = previous_; }
 
-ModuleScope::ModuleScope(std::string_view fqn, std::string_view type) : tracer_(Tracer::current()) {
-  if (tracer_) module_ = tracer_->enter_module(fqn, type);
+ModuleScope::ModuleScope(std::string_view fqn, std::string_view type, const TraceSlot* slot)
+    : tracer_(Tracer::current()) {
+  if (tracer_) module_ = tracer_->enter_module(fqn, type, slot);
 }
 ModuleScope::~ModuleScope() {
   if (tracer_) tracer_->exit_module();

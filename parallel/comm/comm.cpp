@@ -5,6 +5,7 @@
 #include "parallel/comm/comm.h"
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -61,10 +62,27 @@ Reason Reason::backward_of(const Reason& forward, const Reason& fallback) {
   return r;
 }
 
-std::string_view Reason::view(std::string& scratch) const {
+std::string_view Reason::view() const {
   if (!op && *prefix == '\0') return text;
-  scratch = str();
-  return scratch;
+  // A direct-mapped cache per thread, keyed by the reason's parts (all of them interned or
+  // static, so equal parts mean an equal text).
+  struct Entry {
+    const char* prefix = nullptr;
+    const char* text = nullptr;
+    std::size_t size = 0;
+    const char* op = nullptr;
+    int index = -1;
+    std::string_view view;
+  };
+  static thread_local std::array<Entry, 64> cache;
+  const std::size_t h = (reinterpret_cast<std::uintptr_t>(op ? op : text.data()) >> 3) * 31 +
+                        reinterpret_cast<std::uintptr_t>(prefix) + std::size_t(index);
+  Entry& e = cache[h % cache.size()];
+  if (e.prefix != prefix || e.text != text.data() || e.size != text.size() || e.op != op ||
+      e.index != index || e.view.data() == nullptr) {
+    e = Entry{prefix, text.data(), text.size(), op, index, intern(str())};
+  }
+  return e.view;
 }
 
 std::string Reason::str() const {
@@ -196,25 +214,15 @@ std::uint32_t Communicator::prepare(CollectiveCall& c, Tracer* tracer) {
     return ArgView{i.shape, global, input ? ctx->before : ctx->after, nullptr, &i.trace_slot};
   };
   const bool in_place = spec.buffers == BufferRule::InPlace;
-  ArgView ins[1], outs[1];
-  EventView e;
-  e.kind = EventKind::Collective;
-  e.name = spec.name;
-  if (c.in) {
-    ins[0] = arg(*c.in, true);
-    e.inputs = {ins, 1};
-    e.dtype = c.in->dtype();
-  }
-  if (c.out) {
-    outs[0] = arg(*c.out, false);
-    e.outputs = {outs, 1};
-    e.dtype = c.out->dtype();
-  }
-  std::string scratch;
+  EventHead h;
+  h.kind = EventKind::Collective;
+  h.name = spec.name;
+  if (c.in) h.dtype = c.in->dtype();
+  if (c.out) h.dtype = c.out->dtype();
   if (ctx) {
-    e.mesh = ctx->mesh;
-    e.mesh_key = ctx->mesh_key;
-    e.reason = ctx->reason.view(scratch);
+    h.mesh = ctx->mesh;
+    h.mesh_key = ctx->mesh_key;
+    h.reason = ctx->reason.view();
   }
   CollectiveView cv;
   cv.op = c.op;
@@ -234,15 +242,21 @@ std::uint32_t Communicator::prepare(CollectiveCall& c, Tracer* tracer) {
   }
   // Recorded before the hook so that a call that fails (mismatch, timeout) still shows in the
   // trace; its duration is set when the hook returns.
-  return tracer->begin(e, &cv);
+  return tracer->begin(
+      h,
+      [&](auto& sink) {
+        if (c.in) sink.input(arg(*c.in, true));
+        if (c.out) sink.output(arg(*c.out, false));
+      },
+      &cv);
 }
 
 namespace {
 
-// The timer of the device a recorded call's buffers are on; null on cpu and meta (host time).
-DeviceTimer* timer_of(const CollectiveCall& c, bool recorded) {
+// The timer of the device a timed call's buffers are on; null on cpu and meta (host time).
+DeviceTimer* timer_of(const CollectiveCall& c, bool timed) {
   const Tensor* t = c.in ? c.in : c.out;
-  return recorded && t ? kernels_for(t->device()).timer() : nullptr;
+  return timed && t ? kernels_for(t->device()).timer() : nullptr;
 }
 
 }  // namespace
@@ -250,7 +264,7 @@ DeviceTimer* timer_of(const CollectiveCall& c, bool recorded) {
 void Communicator::issue(CollectiveCall& c) {
   Tracer* tracer = Tracer::current();
   const std::uint32_t record = prepare(c, tracer);
-  DeviceTiming timing(timer_of(c, record != kNotRecorded));
+  DeviceTiming timing(timer_of(c, record != kNotRecorded && tracer->timing()));
   run(c);
   if (record != kNotRecorded && Tracer::current() == tracer) {
     tracer->finish(record);
@@ -275,7 +289,7 @@ void Communicator::batch_p2p(std::span<const P2POp> ops) {
   // On a device every op of the batch spans the batch's work (its ops run together).
   std::vector<std::optional<DeviceTiming>> timings(ops.size());
   for (std::size_t i = 0; i < ops.size(); ++i) {
-    timings[i].emplace(timer_of(calls[i], records[i] != kNotRecorded));
+    timings[i].emplace(timer_of(calls[i], records[i] != kNotRecorded && tracer->timing()));
   }
   run_p2p(calls);
   if (Tracer::current() != tracer) return;

@@ -39,8 +39,9 @@ struct Reason {
   // `forward` with "backward of " in front, or `fallback` when `forward` is empty.
   static Reason backward_of(const Reason& forward, const Reason& fallback);
   std::string str() const;
-  // The text without formatting when there is nothing to add to it, else str() in `scratch`.
-  std::string_view view(std::string& scratch) const;
+  // str(), interned: valid for the whole process. Formatted once per distinct reason (and
+  // thread), so a collective repeated every iteration formats nothing.
+  std::string_view view() const;
   bool empty() const { return text.empty() && op == nullptr; }
 
   const char* prefix = "";

@@ -1,10 +1,15 @@
 // The DTensor path of the op layer's dispatcher (its DistHooks): an op's rule lists candidate
 // strategies per mesh dim; they are expanded over the mesh (the Cartesian product, as DTensor's
 // single-dim strategies are) and the one with the lowest redistribute cost wins (PyTorch's cost
-// model; the first on ties). The inputs are redistributed (traced collectives, outside
-// autograd), the op runs once on the local shards, and each output is wrapped with its
-// placements. The op is recorded as a sharded op with global shapes before its collectives.
+// model; the first on ties). That choice, with the outputs' global and local shapes, is the
+// op's sharding plan, cached per thread by everything it depends on (PyTorch caches its sharding
+// propagation likewise). The inputs are redistributed (traced collectives, outside autograd), the
+// op runs once on the local shards, and each output is wrapped with its placements. The op is
+// recorded as a sharded op with global shapes before its collectives, keyed by its plan: every
+// event it records is a function of the plan, so a repeated iteration matches them by the key.
+#include <atomic>
 #include <limits>
+#include <unordered_map>
 #include <vector>
 
 #include "parallel/comm/mesh.h"
@@ -86,6 +91,76 @@ Choice choose(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a,
   return c;
 }
 
+// The outputs' global and local specs and the chosen strategy for one key (plan_key).
+struct ShardingPlan {
+  std::uint64_t id = 0;  // never reused; 0 for a plan not cached
+  std::array<OutSpec, kMaxOpOutputs> global, local;
+  Choice choice;
+};
+
+// What a sharding plan is a function of (OpDef::shapes and rule read nothing else), as words:
+// the mesh, the op, the attrs i, shape and transposed, and per input its definedness, dtype,
+// shape, and for a DTensor its local shape and placements.
+void plan_key(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a, const DeviceMesh& mesh,
+              std::vector<std::int64_t>& w) {
+  w.clear();
+  w.push_back(std::int64_t(reinterpret_cast<std::uintptr_t>(&op)));
+  w.push_back(std::int64_t(mesh.uid()));
+  w.insert(w.end(), std::begin(a.i), std::end(a.i));
+  w.push_back(std::int64_t(a.transposed));
+  w.push_back(a.shape ? std::int64_t(a.shape->size()) : -1);
+  if (a.shape) w.insert(w.end(), a.shape->begin(), a.shape->end());
+  for (const Tensor& t : in) {
+    if (!t.defined()) {
+      w.push_back(-1);
+      continue;
+    }
+    const TensorImpl& i = *t.impl();
+    w.push_back(std::int64_t(i.dtype) | (i.dist ? 0x100 : 0) | std::int64_t(i.shape.size()) << 16);
+    w.insert(w.end(), i.shape.begin(), i.shape.end());
+    if (!i.dist) continue;
+    const Shape& local = i.dist->local.shape();
+    w.insert(w.end(), local.begin(), local.end());
+    for (const Placement& p : i.dist->placements) {
+      w.push_back(std::int64_t(p.kind) | std::int64_t(p.op) << 8 | std::int64_t(p.dim) << 16);
+    }
+  }
+}
+
+// Sharding plans by key, per thread (a rank's mesh is its own); entries never move or go.
+class PlanCache {
+ public:
+  static constexpr std::size_t kMaxPlans = 1 << 16;  // then plans are made per call, uncached
+
+  // The plan of `key`, made by make(scratch) when new (and left in `scratch`, with id 0, past
+  // kMaxPlans).
+  template <class Make>
+  const ShardingPlan& get(const std::vector<std::int64_t>& key, ShardingPlan& scratch,
+                          Make&& make) {
+    std::uint64_t h = 0x9e3779b97f4a7c15ull;
+    for (std::int64_t v : key) h = (h ^ std::uint64_t(v)) * 0x100000001b3ull;
+    const auto [first, last] = plans_.equal_range(h);
+    for (auto it = first; it != last; ++it) {
+      if (it->second.key == key) return it->second.plan;
+    }
+    make(scratch);
+    if (plans_.size() >= kMaxPlans) return scratch;
+    Entry& e = plans_.emplace(h, Entry())->second;
+    e.key = key;
+    e.plan = std::move(scratch);
+    e.plan.id = next_id_.fetch_add(1, std::memory_order_relaxed);
+    return e.plan;
+  }
+
+ private:
+  struct Entry {
+    std::vector<std::int64_t> key;
+    ShardingPlan plan;
+  };
+  std::unordered_multimap<std::uint64_t, Entry> plans_;
+  static inline std::atomic<std::uint64_t> next_id_{1};  // ids are unique in the process
+};
+
 OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a) {
   std::shared_ptr<const DeviceMesh> mesh;
   std::size_t dtensors = 0;
@@ -108,37 +183,49 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
                   "{}: {} inputs with {} DTensors; sharded ops take at most {} inputs", op.name,
                   in.size(), dtensors, kMaxRuleInputs);
 
-  std::array<OutSpec, kMaxOpOutputs> global;
-  op.shapes(in, a, global.data());
-  const Choice c = choose(op, in, a, *mesh);
+  const auto nd = std::size_t(mesh->ndim());
+  static thread_local PlanCache cache;
+  static thread_local std::vector<std::int64_t> key;
+  plan_key(op, in, a, *mesh, key);
+  ShardingPlan scratch;
+  const ShardingPlan& plan = cache.get(key, scratch, [&](ShardingPlan& p) {
+    op.shapes(in, a, p.global.data());
+    p.choice = choose(op, in, a, *mesh);
+    p.local = p.global;
+    for (std::size_t o = 0; o < std::size_t(op.n_outputs); ++o) {
+      if (!p.global[o].present) continue;
+      p.local[o].shape = local_shape_of(p.global[o].shape, {p.choice.outputs[o].data(), nd}, *mesh);
+    }
+  });
+  const Choice& c = plan.choice;
 
   Tracer* tracer = Tracer::current();
   std::uint32_t record = 0;
   if (tracer) {
-    const RecordedArgs args(in, a.transposed, [](const Tensor& t) {
-      const TensorImpl& i = *t.impl();
-      if (!i.dist) return ArgView::plain(i.shape, &i.trace_slot);
-      const TensorImpl& local = *i.dist->local.impl();
-      return ArgView{local.shape, i.shape, i.dist->placements, &i.trace_slot, &local.trace_slot};
-    });
-    EventView e;
-    e.kind = op.kind;
-    e.name = op.name;
-    e.overload = op.overload;
+    EventHead h;
+    h.kind = op.kind;
+    h.name = op.name;
+    h.overload = op.overload;
     for (const Tensor& t : in) {
       if (t.defined()) {
-        e.dtype = t.dtype();
+        h.dtype = t.dtype();
         break;
       }
     }
-    e.sharded = true;
-    e.mesh = &mesh->info();
-    e.mesh_key = mesh->uid();
-    e.inputs = args.views();
-    record = tracer->begin(e);
+    h.sharded = true;
+    h.mesh = &mesh->info();
+    h.mesh_key = mesh->uid();
+    h.key = plan.id;
+    record = tracer->begin(h, [&](auto& sink) {
+      describe_inputs(sink, in, a.transposed, [](const Tensor& t) {
+        const TensorImpl& i = *t.impl();
+        if (!i.dist) return ArgView::plain(i.shape, &i.trace_slot);
+        const TensorImpl& local = *i.dist->local.impl();
+        return ArgView{local.shape, i.shape, i.dist->placements, &i.trace_slot, &local.trace_slot};
+      });
+    });
   }
 
-  const auto nd = std::size_t(mesh->ndim());
   std::array<Tensor, kMaxRuleInputs> locals;
   for (std::size_t i = 0; i < in.size(); ++i) {
     const Tensor& t = in[i];
@@ -150,10 +237,7 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
     locals[i] = redistribute_local(spec.local, t.shape(), *mesh, spec.placements,
                                    {c.inputs[i].data(), nd}, Reason::op_input(op.name, int(i)));
   }
-  std::array<OutSpec, kMaxOpOutputs> local = global;
-  for (std::size_t o = 0; o < std::size_t(op.n_outputs); ++o) {
-    local[o].shape = local_shape_of(global[o].shape, {c.outputs[o].data(), nd}, *mesh);
-  }
+  std::array<OutSpec, kMaxOpOutputs> local = plan.local;  // run_local takes their shapes
   std::array<int, kMaxMeshDims> sizes{}, coords{};
   for (int d = 0; d < mesh->ndim(); ++d) {
     sizes[std::size_t(d)] = mesh->size(d);
@@ -166,22 +250,25 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
       run_local(op, std::span<const Tensor>(locals.data(), in.size()), a, local.data(), &info);
 
   OpOutputs out;
-  ArgViewList<kMaxOpOutputs> results;
   for (int o = 0; o < op.n_outputs; ++o) {
     const Tensor& shard = shards[std::size_t(o)];
     if (!shard.defined()) continue;
     const std::span<const Placement> placements(c.outputs[std::size_t(o)].data(), nd);
     out[std::size_t(o)] =
         wrap_dtensor(shard, mesh, Placements(placements.begin(), placements.end()),
-                     global[std::size_t(o)].shape);
-    if (tracer) {
-      results.emplace([&] {
-        return ArgView{shard.impl()->shape, global[std::size_t(o)].shape, placements,
-                       &out[std::size_t(o)].impl()->trace_slot, &shard.impl()->trace_slot};
-      });
-    }
+                     plan.global[std::size_t(o)].shape);
   }
-  if (tracer) tracer->finish(record, results.views());
+  if (tracer) {
+    tracer->finish(record, [&](auto& sink) {
+      for (std::size_t o = 0; o < std::size_t(op.n_outputs); ++o) {
+        const Tensor& shard = shards[o];
+        if (!shard.defined()) continue;
+        sink.output(ArgView{shard.impl()->shape, plan.global[o].shape,
+                            std::span<const Placement>(c.outputs[o].data(), nd),
+                            &out[o].impl()->trace_slot, &shard.impl()->trace_slot});
+      }
+    });
+  }
   return out;
 }
 

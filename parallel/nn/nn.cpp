@@ -114,7 +114,7 @@ Tensor Module::call_checkpointed(const Tensor& input) {
 }
 
 Tensor Module::call(const Tensor& input) {
-  ModuleScope scope(fqn_, type_);
+  ModuleScope scope(fqn_, type_, &trace_slot_);
   // Parameter placements are recorded on the module's first call under this tracer.
   if (scope.module() >= 0 && !params_.empty() && !Tracer::current()->has_params(scope.module())) {
     std::vector<std::pair<std::string, std::vector<Placement>>> infos;
@@ -132,6 +132,7 @@ Tensor Module::call(const Tensor& input) {
 
 void Module::set_fqn(const std::string& fqn) {
   fqn_ = fqn;
+  trace_slot_.set(0, 0);  // the node it named has the old name
   for (auto& [name, child] : children_) child->set_fqn(fqn_ + "." + name);
 }
 

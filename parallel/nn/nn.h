@@ -93,6 +93,7 @@ class Module {
 
   std::string type_;
   std::string fqn_;
+  TraceSlot trace_slot_;  // its node in the tree of the tracer that last entered it
   bool training_ = true;
   bool checkpoint_ = false;
   std::vector<std::pair<std::string, Tensor>> params_;

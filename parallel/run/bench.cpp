@@ -1,6 +1,7 @@
 #include "parallel/run/bench.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -46,8 +47,8 @@ double median(std::vector<double> v) { return quantile(std::move(v), 0.5); }
 
 }  // namespace
 
-double StepBenchResult::ns_per_event(double traced, double untraced) const {
-  return events_per_step ? (traced - untraced) * 1e9 / double(events_per_step) : 0.0;
+double StepBenchResult::ns_per_event(double ratio, double untraced_s) const {
+  return events_per_step ? (ratio - 1) * untraced_s * 1e9 / double(events_per_step) : 0.0;
 }
 
 StepBenchResult bench_step(const StepBenchOptions& o) {
@@ -59,9 +60,12 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
   config_plan(cfg);  // fail early, before any thread
 
   StepBenchResult result;
-  struct Samples {
-    std::vector<double> step, first, repeat, cpu;  // per round
-  } untraced, traced;
+  // Rank 0's pairs: (traced, untraced) wall and CPU seconds, by kind; and each round's sums.
+  struct Pair {
+    double traced, untraced, traced_cpu, untraced_cpu;
+  };
+  std::array<std::vector<Pair>, 3> pairs;  // first, timed, untimed
+  std::vector<double> round_ratios;
   std::mutex mu;
   LaunchOptions lo;
   lo.backend = cfg.backend;
@@ -76,60 +80,77 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
         RankState s = setup_rank(ctx, cfg);
         AdamW opt(optimizer_parameters(s), 1e-3);
         const bool traces = o.trace_all_ranks || ctx.rank() == 0;
-        train_step(s, opt);  // warm-up: first-step state and allocations
+        train_step(s, opt);  // warm-up: first-step state, allocations, sharding plans
+        auto timed_step = [&](Tracer* tr) {
+          std::optional<TracerActivation> on;
+          if (tr) on.emplace(*tr);
+          const Clock::time_point t0 = Clock::now();
+          const double cpu0 = thread_cpu_s();
+          train_step(s, opt);
+          const double cpu = thread_cpu_s() - cpu0;
+          const double wall = seconds_since(t0);
+          if (tr) tr->next_iteration();
+          return std::pair<double, double>{wall, cpu};
+        };
         for (int round = 0; round < o.rounds; ++round) {
-          // Interleaved, the order alternating per round, so drift hits both kinds alike.
-          for (int k = 0; k < 2; ++k) {
-            const bool with = (k == 0) == (round % 2 == 0);
-            Tracer tr(ctx.rank());
-            std::optional<TracerActivation> on;
-            if (with && traces) on.emplace(tr);
-            const Clock::time_point t0 = Clock::now();
-            const double cpu0 = thread_cpu_s();
-            Clock::time_point t1 = t0;
-            for (int i = 0; i < o.steps; ++i) {
-              train_step(s, opt);
-              if (on) tr.next_iteration();
-              if (i == 0) t1 = Clock::now();
+          Tracer tr(ctx.rank(), o.timing);
+          Tracer* traced = traces ? &tr : nullptr;
+          std::vector<std::pair<int, Pair>> mine;  // kind, pair
+          double sum_traced = 0, sum_untraced = 0;
+          for (int i = 0; i < o.steps; ++i) {
+            const int kind = i == 0 ? 0 : tr.timing() ? 1 : 2;
+            std::pair<double, double> t, u;
+            if (round % 2 == 0) {
+              t = timed_step(traced);
+              u = timed_step(nullptr);
+            } else {
+              u = timed_step(nullptr);
+              t = timed_step(traced);
             }
-            const double cpu = thread_cpu_s() - cpu0;
-            const Clock::time_point end = o.steps == 1 ? t1 : Clock::now();
-            const double total = seconds(t0, end);
-            on.reset();
-            if (ctx.rank() != 0) continue;
-            std::lock_guard<std::mutex> lock(mu);
-            Samples& into = with ? traced : untraced;
-            const double first = seconds(t0, t1);
-            into.step.push_back(total / o.steps);
-            into.first.push_back(first);
-            if (o.steps > 1) into.repeat.push_back((total - first) / (o.steps - 1));
-            into.cpu.push_back(cpu / o.steps);
-            if (!with) continue;
-            const Trace t = tr.take();
-            result.recorded_events = t.event_count();
-            result.events_per_step = t.event_count() / std::uint64_t(o.steps);
-            result.stored_records = t.records.size();
-            const std::size_t bytes = t.records.size() * sizeof(Record) +
-                                      t.args.size() * sizeof(TensorArg) + t.pools.bytes();
-            result.record_bytes = t.records.empty() ? 0 : bytes / t.records.size();
+            mine.push_back({kind, Pair{t.first, u.first, t.second, u.second}});
+            sum_traced += t.first;
+            sum_untraced += u.first;
           }
+          if (ctx.rank() != 0) continue;
+          const Trace trace = tr.take();
+          std::lock_guard<std::mutex> lock(mu);
+          for (const auto& [kind, p] : mine) pairs[std::size_t(kind)].push_back(p);
+          round_ratios.push_back(sum_untraced > 0 ? sum_traced / sum_untraced : 0.0);
+          if (!traces) continue;
+          result.recorded_events = trace.event_count();
+          result.events_per_step = trace.event_count() / std::uint64_t(o.steps);
+          result.stored_records = trace.records.size();
+          const std::size_t bytes = trace.records.size() * sizeof(Record) +
+                                    trace.args.size() * sizeof(TensorArg) + trace.pools.bytes();
+          result.record_bytes = trace.records.empty() ? 0 : bytes / trace.records.size();
         }
       },
       lo);
-  result.untraced_s = median(untraced.step);
-  result.traced_s = median(traced.step);
-  result.untraced_first_s = median(untraced.first);
-  result.traced_first_s = median(traced.first);
-  result.untraced_repeat_s = median(untraced.repeat);
-  result.traced_repeat_s = median(traced.repeat);
-  result.untraced_cpu_s = median(untraced.cpu);
-  result.traced_cpu_s = median(traced.cpu);
-  std::vector<double> ratios;
-  for (std::size_t i = 0; i < traced.step.size(); ++i) {
-    ratios.push_back(StepBenchResult::ratio(traced.step[i], untraced.step[i]));
+  std::vector<double> traced, untraced, traced_cpu, untraced_cpu;
+  StepBenchResult::Kind* kinds[] = {&result.first, &result.timed, &result.untimed};
+  for (std::size_t k = 0; k < pairs.size(); ++k) {
+    std::vector<double> t, u, ratios;
+    for (const Pair& p : pairs[k]) {
+      t.push_back(p.traced);
+      u.push_back(p.untraced);
+      ratios.push_back(p.untraced > 0 ? p.traced / p.untraced : 0.0);
+      traced_cpu.push_back(p.traced_cpu);
+      untraced_cpu.push_back(p.untraced_cpu);
+    }
+    kinds[k]->steps = pairs[k].size();
+    kinds[k]->traced_s = median(t);
+    kinds[k]->untraced_s = median(u);
+    kinds[k]->ratio = median(ratios);
+    traced.insert(traced.end(), t.begin(), t.end());
+    untraced.insert(untraced.end(), u.begin(), u.end());
   }
-  result.ratio_q1 = quantile(ratios, 0.25);
-  result.ratio_q3 = quantile(ratios, 0.75);
+  result.traced_s = median(traced);
+  result.untraced_s = median(untraced);
+  result.traced_cpu_s = median(traced_cpu);
+  result.untraced_cpu_s = median(untraced_cpu);
+  result.ratio = median(round_ratios);
+  result.ratio_q1 = quantile(round_ratios, 0.25);
+  result.ratio_q3 = quantile(round_ratios, 0.75);
   return result;
 }
 

@@ -9,43 +9,47 @@
 #include <vector>
 
 #include "parallel/run/runner.h"
+#include "tracer/tracer.h"
 
 namespace commtrace {
 
 struct StepBenchOptions {
   ParallelConfig cfg;           // model, plan, world size, mesh, backend, device
-  int steps = 10;               // steps per sample
-  int rounds = 15;              // samples of each kind, interleaved
+  int steps = 40;               // traced steps per round (each beside an untraced one)
+  int rounds = 15;              // rounds, each on a new tracer
   bool trace_all_ranks = true;  // false: rank 0 only (run's default)
+  TimingPolicy timing;          // the tracer's timing sample
 };
 
-// Per kind (untraced, traced), the median over rounds of: a round's seconds per step; its first
-// step (a new tracer's first iteration, which interns everything it sees); its other steps'
-// (repeats of the one before: each event is compared with the record at its position).
+// A round runs `steps` pairs of steps, one traced and one untraced in turn (which first alternates
+// by round), so the machine's drift hits both alike; the traced steps are consecutive iterations
+// of one tracer. Its steps fall in three kinds: a new tracer's first iteration (which interns
+// everything it sees), the repeats it times, and the repeats it does not time (each event only
+// compared with the record at its position): a long run is almost all of the last kind.
 struct StepBenchResult {
-  double untraced_s = 0, traced_s = 0;
-  double untraced_first_s = 0, traced_first_s = 0;
-  double untraced_repeat_s = 0, traced_repeat_s = 0;  // 0 with one step per round
-  double ratio_q1 = 0, ratio_q3 = 0;                  // quartiles of the rounds' traced / untraced
-  // Rank 0's thread's CPU seconds per step: its waits for the other ranks excluded (on the
-  // threads backend, where the ranks share the cores, the wall time is largely the scheduler's).
+  struct Kind {
+    double untraced_s = 0, traced_s = 0;  // medians of the kind's steps
+    double ratio = 0;                     // median of its pairs' traced / untraced
+    std::uint64_t steps = 0;              // traced steps of the kind (rank 0, all rounds)
+  };
+  double untraced_s = 0, traced_s = 0;           // medians of all steps
+  double ratio = 0, ratio_q1 = 0, ratio_q3 = 0;  // the rounds' traced / untraced: median, quartiles
+  Kind first, timed, untimed;
+  // Rank 0's thread's CPU seconds per step (medians): its waits for the other ranks excluded (on
+  // the threads backend, where the ranks share the cores, the wall time is largely the
+  // scheduler's).
   double untraced_cpu_s = 0, traced_cpu_s = 0;
   std::uint64_t events_per_step = 0;  // records per traced rank and step
   int traced_ranks = 0;
   std::size_t record_bytes = 0;    // a stored record, its arguments and its share of the tables
-  std::size_t stored_records = 0;  // of the last traced sample (identical iterations folded)
+  std::size_t stored_records = 0;  // of the last round (identical iterations folded)
   std::uint64_t recorded_events = 0;
-  double ratio() const { return ratio(traced_s, untraced_s); }
-  double ratio_repeat() const { return ratio(traced_repeat_s, untraced_repeat_s); }
-  double ratio_cpu() const { return ratio(traced_cpu_s, untraced_cpu_s); }
-  static double ratio(double traced, double untraced) {
-    return untraced > 0 ? traced / untraced : 0.0;
-  }
-  // (traced - untraced) per event of one rank's stream; negative means within noise.
-  double ns_per_event() const { return ns_per_event(traced_s, untraced_s); }
-  double ns_per_event_first() const { return ns_per_event(traced_first_s, untraced_first_s); }
-  double ns_per_event_repeat() const { return ns_per_event(traced_repeat_s, untraced_repeat_s); }
-  double ns_per_event(double traced, double untraced) const;
+  double ratio_cpu() const { return untraced_cpu_s > 0 ? traced_cpu_s / untraced_cpu_s : 0.0; }
+  // What tracing adds per event of one rank's stream, from a ratio and the untraced step:
+  // (ratio - 1) x untraced / events; negative means within noise.
+  double ns_per_event(double ratio, double untraced_s) const;
+  double ns_per_event() const { return ns_per_event(ratio, untraced_s); }
+  double ns_per_event(const Kind& k) const { return ns_per_event(k.ratio, k.untraced_s); }
 };
 
 StepBenchResult bench_step(const StepBenchOptions& o);

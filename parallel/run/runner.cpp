@@ -370,7 +370,7 @@ std::vector<Trace> trace_run(const TraceOptions& opts, std::vector<double>* loss
         RankState s = setup_rank(ctx, cfg);
         AdamW opt(optimizer_parameters(s), opts.lr);
         const auto slot = std::find(traced.begin(), traced.end(), ctx.rank());
-        Tracer tr(ctx.rank());
+        Tracer tr(ctx.rank(), opts.timing);
         std::vector<double> mine;
         MemoryLedger mem;
         const bool traced_here = slot != traced.end();

@@ -159,6 +159,7 @@ struct TraceOptions {
   int iters = 1;
   std::vector<int> ranks;  // ranks to trace; empty: rank 0 only
   double lr = 1e-3;        // AdamW
+  TimingPolicy timing;     // which repeated iterations the tracers time
   // Called after each iteration (done, of iters) by the first traced rank, on its thread.
   std::function<void(int, int)> on_iteration;
 };

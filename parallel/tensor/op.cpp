@@ -14,31 +14,6 @@ DistHooks g_hooks{};
 
 }  // namespace
 
-ArgView RecordedArgs::swapped(const ArgView& v) {
-  COMMTRACE_CHECK(n_swapped_ < std::size(swapped_.items) && v.shape.size() <= kMaxDims &&
-                      v.global.size() <= kMaxDims && v.placements.size() <= kMaxDims,
-                  ErrorCode::Unsupported,
-                  "tracer: more than {} transposed operands, or one of more than {} dims",
-                  std::size(swapped_.items), kMaxDims);
-  Swapped& sw = swapped_.items[n_swapped_++];
-  auto swap_last = [](std::span<const std::int64_t> s, std::int64_t* d) {
-    std::copy(s.begin(), s.end(), d);
-    if (!s.empty()) std::swap(d[s.size() - 2], d[s.size() - 1]);
-    return std::span<const std::int64_t>(d, s.size());
-  };
-  ArgView out;
-  out.shape = swap_last(v.shape, sw.shape);
-  out.global = swap_last(v.global, sw.global);
-  const int last = int(v.global.empty() ? v.shape.size() : v.global.size()) - 1;
-  for (std::size_t i = 0; i < v.placements.size(); ++i) {
-    Placement p = v.placements[i];
-    if (p.is_shard() && p.dim >= last - 1) p.dim = p.dim == last ? last - 1 : last;
-    sw.placements[i] = p;
-  }
-  out.placements = {sw.placements, v.placements.size()};
-  return out;  // no slots: the swapped dims are not the tensors' shapes
-}
-
 DimStrategy& Strategies::add() {
   COMMTRACE_CHECK(size_ < kMaxStrategies, ErrorCode::Internal,
                   "a rule gave more than {} strategies", kMaxStrategies);
@@ -87,10 +62,11 @@ OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& 
   }
   COMMTRACE_CHECK(first != nullptr, ErrorCode::Internal, "{}: no defined input", op.name);
   Tracer* tracer = Tracer::current();
-  const std::uint64_t start = tracer ? tracer->now() : 0;
-  // A traced GEMM on a device is timed there (CUDA events), not by its enqueue time.
-  DeviceTiming timing(tracer && op.kind == EventKind::Gemm ? kernels_for(first->device()).timer()
-                                                           : nullptr);
+  const std::uint64_t start = tracer ? tracer->start_time() : 0;
+  // A timed GEMM on a device is timed there (CUDA events), not by its enqueue time.
+  DeviceTiming timing(tracer && op.kind == EventKind::Gemm && tracer->timing()
+                          ? kernels_for(first->device()).timer()
+                          : nullptr);
 
   OpOutputs out;
   switch (op.result) {
@@ -122,23 +98,25 @@ OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& 
     out[0].impl()->origin = f.origin;
   }
   if (tracer) {
-    const RecordedArgs args(in, a.transposed, [](const Tensor& t) {
-      const TensorImpl& i = *t.impl();
-      return ArgView::plain(i.shape, &i.trace_slot);
-    });
-    ArgViewList<kMaxOpOutputs> results;
-    for (int i = 0; i < op.n_outputs; ++i) {
-      const TensorImpl* o = out[std::size_t(i)].impl();
-      if (o) results.emplace([o] { return ArgView::plain(o->shape, &o->trace_slot); });
-    }
-    EventView e;
-    e.kind = op.kind;
-    e.name = op.name;
-    e.overload = op.overload;
-    e.dtype = first->dtype();
-    e.inputs = args.views();
-    e.outputs = results.views();
-    timing.end(*tracer, tracer->record(e, start));
+    EventHead h;
+    h.kind = op.kind;
+    h.name = op.name;
+    h.overload = op.overload;
+    h.dtype = first->dtype();
+    const std::uint32_t index = tracer->record(
+        h,
+        [&](auto& sink) {
+          describe_inputs(sink, in, a.transposed, [](const Tensor& t) {
+            const TensorImpl& i = *t.impl();
+            return ArgView::plain(i.shape, &i.trace_slot);
+          });
+          for (int i = 0; i < op.n_outputs; ++i) {
+            const TensorImpl* o = out[std::size_t(i)].impl();
+            if (o) sink.output(ArgView::plain(o->shape, &o->trace_slot));
+          }
+        },
+        start);
+    timing.end(*tracer, index);
   }
   return out;
 }

@@ -87,6 +87,9 @@ struct OpDef {
   const char* overload;  // "default", "Tensor", "dim_IntList"
   EventKind kind;
   int n_outputs = 1;
+  // shapes and rule are pure functions of the inputs' shapes, dtypes and placements and of the
+  // attrs' i, shape and transposed (never f, u or args: per-call values such as a scale, a seed
+  // or an optimizer's step): the DTensor layer caches their results by those.
   // out[0 .. n_outputs): shapes and dtypes for these inputs (global ones on the DTensor path).
   void (*shapes)(std::span<const Tensor> in, const OpAttrs& a, OutSpec* out);
   // Candidates on one mesh dim; null: every input Replicate, every output Replicate.
@@ -133,47 +136,23 @@ inline Tensor dispatch1(const OpDef& op, std::span<const Tensor> in, const OpAtt
 OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a, OutSpec* specs,
                     const ShardInfo* dist);
 
-// The tracer's view of an op's defined inputs, as `view(tensor)` describes each; a transposed
-// operand (OpAttrs::transposed) is shown with its last two dims swapped in its shapes and shard
-// placements (PyTorch records op(b) = bᵀ). Stack storage: allocates only past 8 inputs.
-class RecordedArgs {
- public:
-  template <class View>
-  RecordedArgs(std::span<const Tensor> in, std::uint32_t transposed, View&& view) {
-    const bool on_heap = in.size() > kInline;
-    if (on_heap) heap_.reserve(in.size());
-    for (std::size_t k = 0; k < in.size(); ++k) {
-      const Tensor& t = in[k];
-      if (!t.defined()) continue;
-      ArgView& v = on_heap ? heap_.emplace_back(view(t)) : inline_.emplace([&] { return view(t); });
-      if (k < 32 && ((transposed >> k) & 1u) && v.shape.size() >= 2) v = swapped(v);
+// Describes an op's defined inputs to a tracer's sink in order, as `view(tensor)` shows each;
+// input k with bit k of `transposed` set (OpAttrs::transposed) is shown with its last two dims
+// swapped in its shapes and shard placements (PyTorch records op(b) = bᵀ).
+template <class Sink, class View>
+void describe_inputs(Sink& sink, std::span<const Tensor> in, std::uint32_t transposed,
+                     View&& view) {
+  for (std::size_t k = 0; k < in.size(); ++k) {
+    const Tensor& t = in[k];
+    if (!t.defined()) continue;
+    const ArgView v = view(t);
+    if (k < 32 && ((transposed >> k) & 1u)) {
+      sink.input(ArgView{v.shape, v.global, v.placements, nullptr, nullptr, true});
+    } else {
+      sink.input(v);
     }
   }
-  RecordedArgs(const RecordedArgs&) = delete;
-  RecordedArgs& operator=(const RecordedArgs&) = delete;
-  std::span<const ArgView> views() const {
-    return heap_.empty() ? inline_.views() : std::span<const ArgView>(heap_);
-  }
-
- private:
-  static constexpr std::size_t kInline = 8;
-  static constexpr std::size_t kMaxDims = 8;
-  struct Swapped {
-    std::int64_t shape[kMaxDims], global[kMaxDims];
-    Placement placements[kMaxDims];
-  };
-  ArgView swapped(const ArgView& v);  // into the next free Swapped; a GEMM has at most 3
-
-  ArgViewList<kInline> inline_;
-  // A union leaves the slots unconstructed: only those written are read (all trivially
-  // destructible).
-  union Swaps {
-    Swaps() {}
-    Swapped items[3];
-  } swapped_;
-  std::vector<ArgView> heap_;  // past kInline inputs
-  std::size_t n_swapped_ = 0;
-};
+}
 
 // The extension point for tensors that carry a distribution (TensorImpl::dist). The op layer
 // never looks inside one: it calls these.

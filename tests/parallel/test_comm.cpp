@@ -120,6 +120,12 @@ TEST_CASE("CollectiveScope nests and restores", "[comm]") {
     REQUIRE(CollectiveScope::current()->reason.str() == "outer");
     REQUIRE(CollectiveScope::current()->global_shape[0] == 4);
     REQUIRE(Reason::op_input("mm", 1).str() == "mm input 1");
+    // view() formats once: the same text at the same address for an equal reason.
+    const std::string_view v = Reason::op_input("mm", 1).view();
+    REQUIRE(v == "mm input 1");
+    REQUIRE(Reason::op_input("mm", 1).view().data() == v.data());
+    REQUIRE(Reason::op_input("mm", 0).view() == "mm input 0");
+    REQUIRE(Reason("plain text").view() == "plain text");
     Reason later("out_proj output");
     later.prefix = "backward of ";
     REQUIRE(later.str() == "backward of out_proj output");

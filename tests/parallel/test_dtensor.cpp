@@ -380,6 +380,44 @@ TEST_CASE("a sharded view keeps the shard or gathers first", "[dtensor]") {
   }
 }
 
+TEST_CASE("sharding plans are cached by everything they depend on", "[dtensor]") {
+  // The same op on the same DTensor with other attrs (a view's shape, a reduced dim), other
+  // placements or other shapes gets its own plan; a repeat reuses it, and its trace repeats.
+  std::vector<std::vector<std::string>> seen(2);
+  std::vector<Trace> traces(2);
+  launch(2, [&](RankContext& ctx) {
+    auto mesh = std::make_shared<DeviceMesh>(ctx, std::vector<int>{2});
+    const Tensor row = distribute_tensor(full_8x8(), mesh, {Placement::shard(0)});
+    const Tensor col = distribute_tensor(full_8x8(), mesh, {Placement::shard(1)});
+    auto describe = [](const Tensor& t) {
+      return shape_str(t.shape()) + placements_str(dist_of(t).placements) +
+             shape_str(dist_of(t).local.shape());
+    };
+    Tracer tr;
+    TracerActivation on(tr);
+    for (int it = 0; it < 2; ++it) {
+      std::vector<std::string>& out = seen[std::size_t(ctx.rank())];
+      out.push_back(describe(view(row, {4, 16})));
+      out.push_back(describe(view(row, {16, 4})));
+      out.push_back(describe(sum(row, 0)));
+      out.push_back(describe(sum(row, 1)));
+      out.push_back(describe(sum(col, 0)));
+      tr.next_iteration();
+    }
+    traces[std::size_t(ctx.rank())] = tr.take();
+  });
+  const std::vector<std::string> want = {"[4, 16](Shard(dim=0),)[2, 16]",
+                                         "[16, 4](Shard(dim=0),)[8, 4]", "[8](Partial(sum),)[8]",
+                                         "[8](Shard(dim=0),)[4]", "[8](Shard(dim=0),)[4]"};
+  for (int it = 0; it < 2; ++it) {
+    for (std::size_t k = 0; k < want.size(); ++k) {
+      REQUIRE(seen[0][std::size_t(it) * want.size() + k] == want[k]);
+    }
+  }
+  REQUIRE(traces[0].blocks.size() == 1);
+  REQUIRE(traces[0].blocks[0].repeat == 2);
+}
+
 TEST_CASE("loss parallel: three forward all_reduces, none backward, and one device's values",
           "[dtensor][loss_parallel]") {
   // logits (2, 3, 7) over 3 ranks: uneven class shards 3, 3, 1. In f64 the loss and gradient

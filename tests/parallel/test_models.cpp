@@ -122,44 +122,48 @@ TEST_CASE("bad training options are errors", "[models][train]") {
   REQUIRE_THROWS_AS(train(o, [](const StepResult&) {}), Error);
 }
 
-TEST_CASE("bench step times one step untraced and traced, a tracer's first and repeated",
-          "[models][bench]") {
+TEST_CASE("bench step times steps traced and untraced in turn, by kind", "[models][bench]") {
   StepBenchOptions o;
   o.cfg.model = "transformer";
   o.cfg.plan = "tp";
   o.cfg.world_size = 2;
   o.cfg.backend = "fake";
-  o.steps = 3;
+  o.steps = 6;
   o.rounds = 2;
+  o.timing = TimingPolicy{2, 3};  // repeats 1 and 3 timed; 2, 4 and 5 not
   const StepBenchResult r = bench_step(o);
   TraceOptions t;
   t.cfg = o.cfg;
   const Trace one = trace_run(t)[0];
   REQUIRE(one.event_count() > 0);
   REQUIRE(r.events_per_step == one.event_count());
-  REQUIRE(r.recorded_events == 3 * one.event_count());
+  REQUIRE(r.recorded_events == 6 * one.event_count());
   REQUIRE(r.stored_records == one.records.size());  // the repeats folded into the first
   REQUIRE(r.traced_ranks == 1);
-  for (double s : {r.untraced_first_s, r.traced_first_s, r.untraced_repeat_s, r.traced_repeat_s}) {
-    REQUIRE(s > 0);
+  REQUIRE(r.first.steps == 2);
+  REQUIRE(r.timed.steps == 4);
+  REQUIRE(r.untimed.steps == 6);
+  for (const StepBenchResult::Kind* k : {&r.first, &r.timed, &r.untimed}) {
+    REQUIRE(k->traced_s > 0);
+    REQUIRE(k->untraced_s > 0);
+    REQUIRE(k->ratio > 0);
   }
-  // Two rounds: each median is the rounds' mean, and a round's step is its steps' mean.
-  REQUIRE(r.traced_s == Approx((r.traced_first_s + 2 * r.traced_repeat_s) / 3));
-  REQUIRE(r.untraced_s == Approx((r.untraced_first_s + 2 * r.untraced_repeat_s) / 3));
+  REQUIRE(r.traced_s > 0);
   REQUIRE(r.ratio_q1 > 0);
-  REQUIRE(r.ratio_q1 <= r.ratio_q3);
+  REQUIRE(r.ratio_q1 <= r.ratio);
+  REQUIRE(r.ratio <= r.ratio_q3);
   // One rank on its thread: its CPU time lies within the wall time of the same steps.
   REQUIRE(r.untraced_cpu_s > 0);
   REQUIRE(r.traced_cpu_s > 0);
   REQUIRE(r.untraced_cpu_s <= r.untraced_s * 1.05);
   REQUIRE(r.traced_cpu_s <= r.traced_s * 1.05);
-  REQUIRE(r.ns_per_event_repeat() ==
-          Approx((r.traced_repeat_s - r.untraced_repeat_s) * 1e9 / double(r.events_per_step)));
+  REQUIRE(r.ns_per_event(r.untimed) ==
+          Approx((r.untimed.ratio - 1) * r.untimed.untraced_s * 1e9 / double(r.events_per_step)));
 
-  o.steps = 1;  // no repeated step to time
+  o.steps = 1;  // a first step only
   const StepBenchResult single = bench_step(o);
-  REQUIRE(single.untraced_repeat_s == 0);
-  REQUIRE(single.traced_first_s == Approx(single.traced_s));
+  REQUIRE(single.first.steps == 2);
+  REQUIRE(single.timed.steps + single.untimed.steps == 0);
   o.rounds = 0;
   REQUIRE_THROWS_AS(bench_step(o), Error);
 }

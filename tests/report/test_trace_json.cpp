@@ -85,6 +85,7 @@ void require_same(const Trace& a, const Trace& b) {
     CHECK(ba[i].count == bb[i].count);
     CHECK(ba[i].iteration == bb[i].iteration);
     CHECK(ba[i].repeat == bb[i].repeat);
+    CHECK(ba[i].untimed == bb[i].untimed);
   }
   REQUIRE(a.records.size() == b.records.size());
   for (std::size_t i = 0; i < a.records.size(); ++i) {
@@ -104,6 +105,7 @@ void require_same(const Trace& a, const Trace& b) {
     CHECK(a.str(x.reason) == b.str(y.reason));
     CHECK(x.start_s == y.start_s);  // exact: doubles round-trip in shortest form
     CHECK(x.duration_s == y.duration_s);
+    CHECK(x.estimated == y.estimated);
     if (x.kind == EventKind::Collective) {
       const CollectiveInfo& c = x.collective;
       const CollectiveInfo& d = y.collective;
@@ -185,18 +187,41 @@ TEST_CASE("trace json: repeated iterations are stored once", "[report][json]") {
   const std::vector<Trace> many = trace_run(o);
   REQUIRE(many[0].blocks.size() == 1);
   REQUIRE(many[0].blocks[0].repeat == 50);
+  // The default timing sample: the first 4 occurrences, then repeats 16, 32 and 48.
+  REQUIRE(many[0].blocks[0].untimed == 50 - 4 - 3);
   REQUIRE(many[0].records.size() == one.records.size());
   const std::string text = trace_json_string(many);
   REQUIRE(text.size() < trace_json_string({one}).size() + 200);
   const std::vector<Trace> back = read_trace_json(text, "t.json");
   require_same(many[0], back[0]);
   REQUIRE(back[0].event_count() == 50 * one.records.size());
+  REQUIRE(json::parse(text)["ranks"][0]["blocks"][0]["untimed"] == 43);
+}
+
+TEST_CASE("trace json: a record's estimated times and a block's untimed repeats",
+          "[report][json]") {
+  json j = json::parse(text_of_toy_tp());
+  json& block = j["ranks"][0]["blocks"][0];
+  block["repeat"] = 5;
+  block["untimed"] = 3;
+  block["records"][1]["estimated"] = true;
+  const std::vector<Trace> t = read_trace_json(j.dump(), "t.json");
+  REQUIRE(t[0].blocks[0].untimed == 3);
+  REQUIRE(t[0].records[1].estimated);
+  REQUIRE_FALSE(t[0].records[0].estimated);
+  const json again = json::parse(trace_json_string(t));
+  REQUIRE(again["ranks"][0]["blocks"][0]["untimed"] == 3);
+  REQUIRE(again["ranks"][0]["blocks"][0]["records"][1]["estimated"] == true);
+  REQUIRE_FALSE(again["ranks"][0]["blocks"][0]["records"][0].contains("estimated"));
+  block["untimed"] = 5;
+  REQUIRE(message_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
+          "t.json: ranks[0].blocks[0].untimed: 5 of 5 repeats untimed: at least one is timed");
 }
 
 TEST_CASE("trace json: layout of the document", "[report][json]") {
   const json j = json::parse(text_of_toy_tp());
   REQUIRE(j["schema"] == "commtrace.trace");
-  REQUIRE(j["version"] == "2.1");
+  REQUIRE(j["version"] == "2.2");
   REQUIRE(j["metadata"]["model"] == "toy");
   REQUIRE(j["metadata"]["iterations"] == "1");
   REQUIRE(j["metadata"]["world_size"] == "4");
@@ -300,10 +325,10 @@ TEST_CASE("trace json: versions", "[report][json]") {
     REQUIRE(t[0].records.size() ==
             json::parse(text_of_toy_tp())["ranks"][0]["blocks"][0]["records"].size());
   }
-  SECTION("version 2.1 holds only known keys") {
+  SECTION("version 2.2 holds only known keys") {
     j["ranks"][0]["blocks"][0]["records"][2]["energy_j"] = 0.5;
     REQUIRE(message_of([&] { read_trace_json(j.dump(), "t.json"); }) ==
-            "t.json: ranks[0].blocks[0].records[2]: unknown key 'energy_j' (not in version 2.1)");
+            "t.json: ranks[0].blocks[0].records[2]: unknown key 'energy_j' (not in version 2.2)");
   }
   SECTION("a malformed version") {
     for (const char* v : {"one", "1.banana", "2.", ".0", "2.0.1"}) {

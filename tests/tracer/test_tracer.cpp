@@ -75,6 +75,34 @@ TEST_CASE("module scopes build the FQN tree under Global", "[tracer]") {
   REQUIRE(t.find_module("M.nope") == -1);
 }
 
+TEST_CASE("a module's slot finds its node again, under its own parent only", "[tracer]") {
+  Tracer tr;
+  TracerActivation on(tr);
+  const TraceSlot shared;  // one module object entered from two parents
+  int first = -1, again = -1, elsewhere = -1;
+  {
+    ModuleScope a("A", "Block");
+    ModuleScope m("A.m", "Linear", &shared);
+    first = m.module();
+  }
+  {
+    ModuleScope a("A", "Block");
+    ModuleScope m("A.m", "Linear", &shared);
+    again = m.module();
+  }
+  {
+    ModuleScope b("B", "Block");
+    ModuleScope m("B.m", "Linear", &shared);
+    elsewhere = m.module();
+  }
+  REQUIRE(first == again);
+  REQUIRE(elsewhere != first);
+  const Trace t = tr.take();
+  REQUIRE(t.modules[std::size_t(first)].fqn == "A.m");
+  REQUIRE(t.modules[std::size_t(elsewhere)].fqn == "B.m");
+  REQUIRE(t.modules.size() == 5);
+}
+
 TEST_CASE("modules nest at most kMaxModuleDepth levels", "[tracer]") {
   Tracer tr(0);
   TracerActivation on(tr);
@@ -493,6 +521,114 @@ TEST_CASE("device-timed events take the device's durations", "[tracer]") {
     EventView e;
     timing.end(tr, tr.record(e, tr.now()));
     REQUIRE(tr.take().records.size() == 1);
+  }
+}
+
+namespace {
+// A device-timed GEMM as the op layer records it: a timer only while the tracer times.
+void sampled_gemm(Tracer& tr, DeviceTimer& timer) {
+  DeviceTiming timing(tr.timing() ? &timer : nullptr);
+  EventView e;
+  e.kind = EventKind::Gemm;
+  e.name = "mm";
+  timing.end(tr, tr.record(e, tr.start_time()));
+}
+}  // namespace
+
+TEST_CASE("a long run times a sample of its repeats", "[tracer]") {
+  Tracer tr(0, TimingPolicy{2, 4});  // occurrences 0 and 1, then every 4th
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // calibrates the tick clock
+  ScriptedTimer timer({0.1, 0.2, 0.6, 0.3});                   // occurrences 0, 1, 4, 8
+  std::vector<bool> timed;
+  for (int it = 0; it < 10; ++it) {
+    timed.push_back(tr.timing());
+    REQUIRE((tr.start_time() == kNoTime) == !tr.timing());
+    sampled_gemm(tr, timer);
+    tr.next_iteration();
+  }
+  REQUIRE(timed ==
+          std::vector<bool>{true, true, false, false, true, false, false, false, true, false});
+  REQUIRE(timer.outstanding == 0);
+  const Trace t = tr.take();
+  REQUIRE(t.records.size() == 1);
+  REQUIRE(t.blocks[0].repeat == 10);
+  REQUIRE(t.blocks[0].untimed == 6);
+  REQUIRE(t.records[0].duration_s == Approx(0.3).epsilon(0.01));  // the timed four's mean
+  REQUIRE_FALSE(t.records[0].estimated);
+}
+
+TEST_CASE("an untimed repeat that diverges keeps estimated times", "[tracer]") {
+  Tracer tr(0, TimingPolicy{1, 0});  // only a block's first occurrence is timed
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ScriptedTimer timer({0.4});
+  sampled_gemm(tr, timer);
+  op(tr, "relu", tr.start_time());
+  tr.next_iteration();
+  REQUIRE_FALSE(tr.timing());
+  sampled_gemm(tr, timer);          // matched, untimed
+  op(tr, "gelu", tr.start_time());  // diverges: began untimed
+  REQUIRE(tr.timing());             // the rest of the iteration is written, and timed
+  op(tr, "tanh", tr.start_time());
+  const Trace t = tr.take();
+  REQUIRE(t.records.size() == 5);
+  const Record& mm = t.records[2];
+  REQUIRE(mm.estimated);  // the mean of the record it repeated, from its iteration's start
+  REQUIRE(mm.duration_s == Approx(0.4).epsilon(0.01));
+  REQUIRE(mm.start_s >= t.records[1].start_s);
+  REQUIRE(t.records[3].estimated);  // nothing it repeated: no duration
+  REQUIRE(t.records[3].duration_s == 0);
+  REQUIRE_FALSE(t.records[4].estimated);
+  REQUIRE(t.blocks[1].untimed == 0);
+}
+
+TEST_CASE("a keyed event implies the events recorded inside it", "[tracer]") {
+  Tracer tr;
+  const Shape s{4};
+  int described = 0;
+  // A keyed op with one input, and inside it a plain op and a collective.
+  auto step = [&](std::uint64_t key, const char* inner, std::uint64_t seq) {
+    EventHead h;
+    h.name = "mm";
+    h.sharded = true;
+    h.key = key;
+    const std::uint32_t i = tr.begin(h, [&](auto& sink) {
+      ++described;
+      sink.input(ArgView{s, {}, {}});
+    });
+    op(tr, inner, tr.start_time());
+    coll(tr, Collective::AllReduce, seq, s);
+    tr.finish(i, [&](auto& sink) {
+      ++described;
+      sink.output(ArgView{s, {}, {}});
+    });
+    tr.next_iteration();
+  };
+  step(7, "relu", 0);  // written: the key and its 2 inner events stored
+  REQUIRE(described == 2);
+  step(7, "relu", 1);  // matched by the key: nothing described
+  REQUIRE(described == 2);
+  step(8, "relu", 2);  // another key: compared argument by argument, and equal
+  REQUIRE(described == 4);
+  const Trace t = tr.take();
+  REQUIRE(t.blocks.size() == 1);
+  REQUIRE(t.blocks[0].repeat == 3);
+  REQUIRE(t.records.size() == 3);
+  REQUIRE(t.records[2].collective.seq_stride == 1);  // the inner collective's numbers checked
+
+  // The key promises the events inside: a different count is a bug, reported, not folded.
+  Tracer other;
+  EventHead h;
+  h.name = "mm";
+  h.key = 9;
+  for (int inner : {2, 1}) {
+    const std::uint32_t i = other.begin(h, [](auto&) {});
+    for (int k = 0; k < inner; ++k) op(other, "relu", other.start_time());
+    if (inner == 1) {
+      REQUIRE_THROWS_AS(other.finish(i), Error);
+      break;
+    }
+    other.finish(i);
+    other.next_iteration();
   }
 }
 
