@@ -130,7 +130,7 @@ void plan_key(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a, con
 // Sharding plans by key, per thread (a rank's mesh is its own); entries never move or go.
 class PlanCache {
  public:
-  static constexpr std::size_t kMaxPlans = 1 << 16;  // then plans are made per call, uncached
+  static constexpr std::size_t kMaxPlans = 4096;  // then plans are made per call, uncached
 
   // The plan of `key`, made by make(scratch) when new (and left in `scratch`, with id 0, past
   // kMaxPlans).

@@ -418,6 +418,29 @@ TEST_CASE("sharding plans are cached by everything they depend on", "[dtensor]")
   REQUIRE(traces[0].blocks[0].repeat == 2);
 }
 
+TEST_CASE("past the plan cache's size, ops are planned per call and traced the same", "[dtensor]") {
+  // 4200 shapes: more distinct plans than a thread caches (4096); the last ones run uncached.
+  launch(1, [&](RankContext& ctx) {
+    auto mesh = std::make_shared<DeviceMesh>(ctx, std::vector<int>{1});
+    std::vector<Tensor> xs;
+    for (std::int64_t n = 1; n <= 4200; ++n) {
+      xs.push_back(distribute_tensor(Tensor::full({n}, 2.0), mesh, {Placement::replicate()}));
+    }
+    Tracer tr;
+    TracerActivation on(tr);
+    for (int it = 0; it < 2; ++it) {
+      for (const Tensor& x : xs) {
+        const Tensor y = mul(x, 3.0);
+        REQUIRE(dist_of(y).local.to_vector().back() == 6.0);
+      }
+      tr.next_iteration();
+    }
+    const Trace t = tr.take();
+    REQUIRE(t.blocks.size() == 1);
+    REQUIRE(t.blocks[0].repeat == 2);
+  });
+}
+
 TEST_CASE("loss parallel: three forward all_reduces, none backward, and one device's values",
           "[dtensor][loss_parallel]") {
   // logits (2, 3, 7) over 3 ranks: uneven class shards 3, 3, 1. In f64 the loss and gradient
