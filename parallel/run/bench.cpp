@@ -115,7 +115,7 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
           const Trace trace = tr.take();
           std::lock_guard<std::mutex> lock(mu);
           for (const auto& [kind, p] : mine) pairs[std::size_t(kind)].push_back(p);
-          round_ratios.push_back(sum_untraced > 0 ? sum_traced / sum_untraced : 0.0);
+          round_ratios.push_back(StepBenchResult::ratio_of(sum_traced, sum_untraced));
           if (!traces) continue;
           result.recorded_events = trace.event_count();
           result.events_per_step = trace.event_count() / std::uint64_t(o.steps);
@@ -133,7 +133,7 @@ StepBenchResult bench_step(const StepBenchOptions& o) {
     for (const Pair& p : pairs[k]) {
       t.push_back(p.traced);
       u.push_back(p.untraced);
-      ratios.push_back(p.untraced > 0 ? p.traced / p.untraced : 0.0);
+      ratios.push_back(StepBenchResult::ratio_of(p.traced, p.untraced));
       traced_cpu.push_back(p.traced_cpu);
       untraced_cpu.push_back(p.untraced_cpu);
     }

@@ -44,7 +44,11 @@ struct StepBenchResult {
   std::size_t record_bytes = 0;    // a stored record, its arguments and its share of the tables
   std::size_t stored_records = 0;  // of the last round (identical iterations folded)
   std::uint64_t recorded_events = 0;
-  double ratio_cpu() const { return untraced_cpu_s > 0 ? traced_cpu_s / untraced_cpu_s : 0.0; }
+  double ratio_cpu() const { return ratio_of(traced_cpu_s, untraced_cpu_s); }
+  // traced / untraced; 0 when nothing untraced was measured.
+  static double ratio_of(double traced, double untraced) {
+    return untraced > 0 ? traced / untraced : 0.0;
+  }
   // What tracing adds per event of one rank's stream, from a ratio and the untraced step:
   // (ratio - 1) x untraced / events; negative means within noise.
   double ns_per_event(double ratio, double untraced_s) const;
