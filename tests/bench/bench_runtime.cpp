@@ -117,11 +117,12 @@ BENCHMARK(BM_TransformerStep)->Arg(0)->Arg(1)->ArgName("traced");
 // One transformer training step (forward, loss, backward, AdamW) at world size range(1), TP
 // plan, traced when range(0) == 1 (one tracer iteration per step, as `commtrace run --iters`
 // does). range(2) == 0: threads backend, every rank runs and is traced; 1: fake backend, rank 0
-// alone runs (its peers never wait). Each benchmark iteration is one launch running kSteps steps;
-// the time is rank 0's per step (set manually, setup excluded). `commtrace bench step` measures
-// the same interleaved, with medians.
+// alone runs (its peers never wait). Each benchmark iteration is one launch running range(3)
+// steps (100: the long run, where a tracer's first iteration weighs 1%); the time is rank 0's per
+// step (set manually, setup excluded). `commtrace bench step` measures the same interleaved, with
+// medians.
 void BM_TransformerStepParallel(benchmark::State& state) {
-  constexpr int kSteps = 20;
+  const int steps = int(state.range(3));
   const bool traced = state.range(0) == 1;
   ParallelConfig cfg;
   cfg.model = "transformer";
@@ -143,7 +144,7 @@ void BM_TransformerStepParallel(benchmark::State& state) {
           std::optional<TracerActivation> on;
           if (traced) on.emplace(tr);
           const auto start = std::chrono::steady_clock::now();
-          for (int i = 0; i < kSteps; ++i) {
+          for (int i = 0; i < steps; ++i) {
             train_step(s, opt);
             if (traced) tr.next_iteration();
           }
@@ -153,12 +154,14 @@ void BM_TransformerStepParallel(benchmark::State& state) {
           }
         },
         lo);
-    state.SetIterationTime(seconds / kSteps);
+    state.SetIterationTime(seconds / steps);
   }
 }
 BENCHMARK(BM_TransformerStepParallel)
-    ->ArgsProduct({{0, 1}, {2, 4}, {0, 1}})
-    ->ArgNames({"traced", "world", "fake"})
+    ->ArgsProduct({{0, 1}, {2, 4}, {0, 1}, {20}})
+    ->Args({0, 4, 1, 100})
+    ->Args({1, 4, 1, 100})
+    ->ArgNames({"traced", "world", "fake", "steps"})
     ->UseManualTime();
 
 }  // namespace
