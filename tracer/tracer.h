@@ -183,6 +183,18 @@ class Tracer {
   template <Describer Describe>
   void finish(std::uint32_t index, Describe&& describe_outputs);
 
+  // True when the next event is implied (inside a keyed event that matched) in an untimed
+  // repeat: a call site may then skip describing and timing it and call record_implied() in place
+  // of record() (it only counts the event: nothing about it is compared, stored or timed).
+  bool next_implied() const {
+    return speculating_ && !timed_iteration_ && n_pending_ < implied_end_;
+  }
+  void record_implied() {
+    Pending& p = pending_[n_pending_++];
+    p.outputs_seen = true;
+    p.implied = Implied::Inside;
+  }
+
   // The same with the arguments given at once.
   std::uint32_t record(const EventView& e, std::uint64_t start);
   std::uint32_t begin(const EventView& e, const CollectiveView* collective = nullptr);

@@ -62,6 +62,8 @@ OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& 
   }
   COMMTRACE_CHECK(first != nullptr, ErrorCode::Internal, "{}: no defined input", op.name);
   Tracer* tracer = Tracer::current();
+  Tracer* implied = nullptr;  // the event is implied: counted, not described
+  if (tracer && tracer->next_implied()) std::swap(tracer, implied);
   const std::uint64_t start = tracer ? tracer->start_time() : 0;
   // A timed GEMM on a device is timed there (CUDA events), not by its enqueue time.
   DeviceTiming timing(tracer && op.kind == EventKind::Gemm && tracer->timing()
@@ -118,6 +120,7 @@ OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& 
         start);
     timing.end(*tracer, index);
   }
+  if (implied) implied->record_implied();
   return out;
 }
 

@@ -632,6 +632,57 @@ TEST_CASE("a keyed event implies the events recorded inside it", "[tracer]") {
   }
 }
 
+TEST_CASE("an untimed repeat counts the events inside a keyed event without describing them",
+          "[tracer]") {
+  for (const std::uint64_t first : {1, 4}) {  // repeat 1 untimed, then timed
+    Tracer tr(0, TimingPolicy{first, 0});
+    EventHead h;
+    h.name = "mm";
+    h.key = 5;
+    auto step = [&](int inner_implied) {
+      const std::uint32_t i = tr.begin(h, [](auto&) {});
+      for (int k = 0; k < 2; ++k) {
+        if (k < inner_implied && tr.next_implied()) {
+          tr.record_implied();
+        } else {
+          op(tr, "relu", tr.start_time());
+        }
+      }
+      REQUIRE_FALSE(tr.next_implied());  // past the keyed event's insides
+      tr.finish(i);
+      tr.next_iteration();
+    };
+    step(0);
+    REQUIRE_FALSE(tr.next_implied());  // outside any keyed event
+    const std::uint32_t i = tr.begin(h, [](auto&) {});
+    REQUIRE(tr.next_implied() == (first == 1));  // only where the repeat is untimed
+    op(tr, "relu", tr.start_time());
+    op(tr, "relu", tr.start_time());
+    tr.finish(i);
+    tr.next_iteration();
+    step(2);
+    const Trace t = tr.take();
+    REQUIRE(t.records.size() == 3);
+    REQUIRE(t.blocks.size() == 1);
+    REQUIRE(t.blocks[0].repeat == 3);
+    REQUIRE(t.blocks[0].untimed == (first == 1 ? 2 : 0));
+  }
+  // The count is still checked: one implied event missing is reported at finish().
+  Tracer tr(0, TimingPolicy{1, 0});
+  EventHead h;
+  h.name = "mm";
+  h.key = 6;
+  std::uint32_t i = tr.begin(h, [](auto&) {});
+  op(tr, "relu");
+  op(tr, "relu");
+  tr.finish(i);
+  tr.next_iteration();
+  i = tr.begin(h, [](auto&) {});
+  REQUIRE(tr.next_implied());
+  tr.record_implied();
+  REQUIRE_THROWS_AS(tr.finish(i), Error);
+}
+
 TEST_CASE("serialized enum names round-trip", "[tracer]") {
   for (Phase p : {Phase::Forward, Phase::Backward, Phase::Optimizer, Phase::Recompute}) {
     REQUIRE(parse_phase(phase_name(p)) == p);
