@@ -477,27 +477,6 @@ TracerActivation::TracerActivation(Tracer& t) : previous_(Tracer::current_) {
 }
 TracerActivation::~TracerActivation() { Tracer::current_ = previous_; }
 
-ModuleScope::ModuleScope(std::string_view fqn, std::string_view type, const TraceSlot* slot)
-    : tracer_(Tracer::current()) {
-  if (tracer_) module_ = tracer_->enter_module(fqn, type, slot);
-}
-ModuleScope::~ModuleScope() {
-  if (tracer_) tracer_->exit_module();
-}
-
-AttributionScope::AttributionScope(const Tracer* owner, int module, Phase phase)
-    : tracer_(Tracer::current()) {
-  if (!tracer_) return;
-  tracer_->push_module(owner == tracer_ && module >= 0 ? module : 0);
-  previous_phase_ = tracer_->phase();
-  tracer_->set_phase(phase);
-}
-AttributionScope::~AttributionScope() {
-  if (!tracer_) return;
-  tracer_->set_phase(previous_phase_);
-  tracer_->exit_module();
-}
-
 PhaseScope::PhaseScope(Phase p) : tracer_(Tracer::current()) {
   if (!tracer_) return;
   previous_ = tracer_->phase();

@@ -653,4 +653,26 @@ class PhaseScope {
   Phase previous_ = Phase::Forward;
 };
 
+// The scopes run for every module call and backward node: inline.
+inline ModuleScope::ModuleScope(std::string_view fqn, std::string_view type, const TraceSlot* slot)
+    : tracer_(Tracer::current()) {
+  if (tracer_) module_ = tracer_->enter_module(fqn, type, slot);
+}
+inline ModuleScope::~ModuleScope() {
+  if (tracer_) tracer_->exit_module();
+}
+
+inline AttributionScope::AttributionScope(const Tracer* owner, int module, Phase phase)
+    : tracer_(Tracer::current()) {
+  if (!tracer_) return;
+  tracer_->push_module(owner == tracer_ && module >= 0 ? module : 0);
+  previous_phase_ = tracer_->phase();
+  tracer_->set_phase(phase);
+}
+inline AttributionScope::~AttributionScope() {
+  if (!tracer_) return;
+  tracer_->set_phase(previous_phase_);
+  tracer_->exit_module();
+}
+
 }  // namespace commtrace

@@ -217,8 +217,8 @@ std::uint32_t Communicator::prepare(CollectiveCall& c, Tracer* tracer) {
   EventHead h;
   h.kind = EventKind::Collective;
   h.name = spec.name;
-  if (c.in) h.dtype = c.in->dtype();
-  if (c.out) h.dtype = c.out->dtype();
+  if (c.in) h.dtype = c.in->impl()->dtype;  // defined: check(c) ran
+  if (c.out) h.dtype = c.out->impl()->dtype;
   if (ctx) {
     h.mesh = ctx->mesh;
     h.mesh_key = ctx->mesh_key;

@@ -208,7 +208,7 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
     h.overload = op.overload;
     for (const Tensor& t : in) {
       if (t.defined()) {
-        h.dtype = t.dtype();
+        h.dtype = t.impl()->dtype;  // defined: no check
         break;
       }
     }

@@ -104,7 +104,7 @@ OpOutputs run_local(const OpDef& op, std::span<const Tensor> in, const OpAttrs& 
     h.kind = op.kind;
     h.name = op.name;
     h.overload = op.overload;
-    h.dtype = first->dtype();
+    h.dtype = f.dtype;
     const std::uint32_t index = tracer->record(
         h,
         [&](auto& sink) {
