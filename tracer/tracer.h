@@ -189,11 +189,7 @@ class Tracer {
   bool next_implied() const {
     return speculating_ && !timed_iteration_ && n_pending_ < implied_end_;
   }
-  void record_implied() {
-    Pending& p = pending_[n_pending_++];
-    p.outputs_seen = true;
-    p.implied = Implied::Inside;
-  }
+  void record_implied() { pend(prev_.first + n_pending_, nullptr, 0, true, Implied::Inside); }
 
   // The same with the arguments given at once.
   std::uint32_t record(const EventView& e, std::uint64_t start);
