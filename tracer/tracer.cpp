@@ -11,6 +11,7 @@ namespace commtrace {
 
 namespace {
 std::atomic<std::uint32_t> g_next_tracer_id{1};  // 0 marks an empty slot
+std::atomic<std::uint64_t> g_next_key{1};        // 0 is no key
 
 // Dim i of an n-d shape (n >= 2) as a transposed view shows it (the last two swapped).
 std::size_t swapped_dim(std::size_t i, std::size_t n) { return i + 2 >= n ? 2 * n - 3 - i : i; }
@@ -37,6 +38,8 @@ struct SwappedArg {
   std::vector<Placement> placements;
 };
 }  // namespace
+
+std::uint64_t new_trace_key() { return g_next_key.fetch_add(1, std::memory_order_relaxed); }
 
 Tracer::Tracer(int rank, TimingPolicy timing)
     : id_(g_next_tracer_id.fetch_add(1, std::memory_order_relaxed)),
@@ -212,6 +215,47 @@ bool Tracer::collective_matches(const CollectiveView& c, const Record& r) const 
          ci.group_rank == c.group_rank && ci.peer == c.peer && ci.root == c.root &&
          ci.bytes == c.bytes && trace_.pools.str(ci.group) == c.group &&
          same(ci.before, c.before) && same(ci.after, c.after);
+}
+
+// A region stored at this position of the previous block with this key, module and phase makes
+// the events up to its count implied, as a keyed event's (begin()).
+void Tracer::begin_region(std::uint64_t key) {
+  const std::uint32_t pos = n_pending_;
+  Region r;
+  r.first = std::uint32_t(trace_.records.size()) + pos;
+  r.module = std::uint32_t(stack_.back());
+  r.phase = phase_;
+  r.key = key;
+  if (speculating_ && pos >= implied_end_ && pos < prev_.count) {
+    const std::uint32_t at = prev_.first + pos;
+    while (region_cursor_ < regions_.size() && regions_[region_cursor_].first < at) {
+      ++region_cursor_;
+    }
+    for (std::size_t c = region_cursor_; c < regions_.size() && regions_[c].first == at; ++c) {
+      const Region& e = regions_[c];
+      if (e.key == key && e.module == r.module && e.phase == r.phase && e.count != kNoInner) {
+        r.expected = e.count;
+        implied_end_ = pos + e.count;
+        break;
+      }
+    }
+  }
+  region_stack_.push_back(std::uint32_t(open_regions_.size()));
+  open_regions_.push_back(r);
+}
+
+void Tracer::end_region() {
+  COMMTRACE_CHECK(!region_stack_.empty(), ErrorCode::Internal, "tracer: end_region() outside one");
+  Region& r = open_regions_[region_stack_.back()];
+  region_stack_.pop_back();
+  r.count = std::uint32_t(trace_.records.size()) + n_pending_ - r.first;
+  COMMTRACE_CHECK(r.expected == kNoInner || r.count == r.expected, ErrorCode::Internal,
+                  "tracer: {} events ran inside a region of key {}, {} the first time", r.count,
+                  r.key, r.expected);
+}
+
+void Tracer::abandon_region() {
+  if (!region_stack_.empty()) region_stack_.pop_back();  // its count stays kNoInner
 }
 
 // The open block's matched events become records: copies of the previous block's records with
@@ -395,16 +439,22 @@ void Tracer::close_block() {
       speculating_ = false;
       n_pending_ = 0;
       blocks.pop_back();
+      open_regions_.clear();
       return;
     }
     materialize();
   }
+  regions_.insert(regions_.end(), open_regions_.begin(), open_regions_.end());
+  open_regions_.clear();
   Block& cur = blocks.back();
   cur.count = std::uint32_t(trace_.records.size()) - cur.first;
   if (blocks.size() >= 2 && cur.count == 0) blocks.pop_back();  // an empty iteration: no block
 }
 
 void Tracer::next_iteration() {
+  COMMTRACE_CHECK(region_stack_.empty(), ErrorCode::InvalidArgument,
+                  "tracer: next_iteration() inside a region of key {}",
+                  open_regions_[region_stack_.back()].key);
   close_block();
   ++iteration_;
   trace_.blocks.push_back(Block{std::uint32_t(trace_.records.size()), 0, iteration_, 1});
@@ -418,13 +468,18 @@ void Tracer::next_iteration() {
   unseen_ = 0;
   seq_ok_ = true;
   implied_end_ = 0;
+  region_cursor_ =
+      std::size_t(std::partition_point(regions_.begin(), regions_.end(),
+                                       [this](const Region& r) { return r.first < prev_.first; }) -
+                  regions_.begin());
   iteration_start_ = now();
 }
 
 std::size_t Tracer::memory_bytes() const {
   return trace_.records.capacity() * sizeof(Record) + sources_.capacity() * sizeof(Source) +
          trace_.args.capacity() * sizeof(TensorArg) + trace_.blocks.capacity() * sizeof(Block) +
-         pending_.capacity() * sizeof(Pending) + trace_.pools.bytes();
+         pending_.capacity() * sizeof(Pending) + regions_.capacity() * sizeof(Region) +
+         open_regions_.capacity() * sizeof(Region) + trace_.pools.bytes();
 }
 
 Trace Tracer::take() {
@@ -448,6 +503,10 @@ Trace Tracer::take() {
   iteration_start_ = 0;
   implied_end_ = 0;
   sources_.clear();
+  regions_.clear();
+  open_regions_.clear();
+  region_stack_.clear();
+  region_cursor_ = 0;
   id_ = g_next_tracer_id.fetch_add(1, std::memory_order_relaxed);  // the slots' ids are stale
   slot_tag_ = std::uint64_t(id_) << 32;
   static_ids_.clear();

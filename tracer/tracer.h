@@ -11,7 +11,8 @@
 // so far become records and the rest of the iteration is written. An event with a key
 // (EventHead::key: an id of everything that determines it and the events recorded inside it, such
 // as a DTensor op's sharding plan) matches its record by the key alone, and the events inside it
-// are implied: their describers are not called.
+// are implied: their describers are not called. A keyed region (begin_region) does the same for
+// a stretch of events with no record of its own (an optimizer step).
 //
 // Timing. Every event written as a new record is timed (two clock reads). A repeat is timed while
 // its block has fewer than TimingPolicy::first occurrences, then one repeat in `every`: a long
@@ -30,6 +31,7 @@
 #include <string_view>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "tracer/clock.h"
@@ -191,6 +193,15 @@ class Tracer {
   }
   void record_implied() { pend(prev_.first + n_pending_, nullptr, 0, true, Implied::Inside); }
 
+  // Regions: begin_region(key) and end_region() bound a stretch of events that `key` determines
+  // (an id never reused, as EventHead::key: given the module and phase the stretch starts in, it
+  // fixes every event recorded until end_region()). Nothing is recorded for a region. In a repeat
+  // where the stretch at this position began with the same key, its events are implied, as inside
+  // a keyed event: counted, not compared, and end_region() checks their number. Regions nest.
+  void begin_region(std::uint64_t key);
+  void end_region();
+  void abandon_region();  // an exception left the region: it is dropped, unchecked
+
   // The same with the arguments given at once.
   std::uint32_t record(const EventView& e, std::uint64_t start);
   std::uint32_t begin(const EventView& e, const CollectiveView* collective = nullptr);
@@ -309,6 +320,21 @@ class Tracer {
     std::uint32_t inner = kNoInner;
   };
   std::vector<Source> sources_;
+
+  // A region (begin_region): events [first, first + count) in the records' numbering (a pending
+  // event numbered where materialize() would put it).
+  struct Region {
+    std::uint32_t first = 0;
+    std::uint32_t count = kNoInner;     // kNoInner until end_region()
+    std::uint32_t expected = kNoInner;  // the count of the region it matched, if it did
+    std::uint32_t module = 0;
+    Phase phase = Phase::Forward;
+    std::uint64_t key = 0;
+  };
+  std::vector<Region> regions_;              // of the stored blocks, by first
+  std::vector<Region> open_regions_;         // of the open iteration, in the order they began
+  std::vector<std::uint32_t> region_stack_;  // open_regions_' indices not ended yet
+  std::size_t region_cursor_ = 0;            // while speculating: regions_ before it end earlier
 
   struct DeviceSpan {
     std::uint32_t index;
@@ -595,6 +621,29 @@ class DeviceTiming {
   DeviceTimer* timer_;
   std::uint32_t token_;
 };
+
+// A region of the current tracer, if any (Tracer::begin_region), from construction to end();
+// destroyed without end() (an exception left it), the region is abandoned. Key 0: no region.
+class KeyedRegion {
+ public:
+  explicit KeyedRegion(std::uint64_t key) : tracer_(key ? Tracer::current() : nullptr) {
+    if (tracer_) tracer_->begin_region(key);
+  }
+  ~KeyedRegion() {
+    if (tracer_) tracer_->abandon_region();
+  }
+  KeyedRegion(const KeyedRegion&) = delete;
+  KeyedRegion& operator=(const KeyedRegion&) = delete;
+  void end() {
+    if (tracer_) std::exchange(tracer_, nullptr)->end_region();
+  }
+
+ private:
+  Tracer* tracer_;
+};
+
+// A key never handed out before in this process (EventHead::key, Tracer::begin_region).
+std::uint64_t new_trace_key();
 
 // Makes `t` the current tracer of this thread for the scope; restores the previous one.
 class TracerActivation {

@@ -7,7 +7,6 @@
 // op runs once on the local shards, and each output is wrapped with its placements. The op is
 // recorded as a sharded op with global shapes before its collectives, keyed by its plan: every
 // event it records is a function of the plan, so a repeated iteration matches them by the key.
-#include <atomic>
 #include <limits>
 #include <unordered_map>
 #include <vector>
@@ -110,21 +109,7 @@ void plan_key(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a, con
   w.push_back(std::int64_t(a.transposed));
   w.push_back(a.shape ? std::int64_t(a.shape->size()) : -1);
   if (a.shape) w.insert(w.end(), a.shape->begin(), a.shape->end());
-  for (const Tensor& t : in) {
-    if (!t.defined()) {
-      w.push_back(-1);
-      continue;
-    }
-    const TensorImpl& i = *t.impl();
-    w.push_back(std::int64_t(i.dtype) | (i.dist ? 0x100 : 0) | std::int64_t(i.shape.size()) << 16);
-    w.insert(w.end(), i.shape.begin(), i.shape.end());
-    if (!i.dist) continue;
-    const Shape& local = i.dist->local.shape();
-    w.insert(w.end(), local.begin(), local.end());
-    for (const Placement& p : i.dist->placements) {
-      w.push_back(std::int64_t(p.kind) | std::int64_t(p.op) << 8 | std::int64_t(p.dim) << 16);
-    }
-  }
+  for (const Tensor& t : in) append_layout(t, w);
 }
 
 // Sharding plans by key, per thread (a rank's mesh is its own); entries never move or go.
@@ -148,7 +133,7 @@ class PlanCache {
     Entry& e = plans_.emplace(h, Entry())->second;
     e.key = key;
     e.plan = std::move(scratch);
-    e.plan.id = next_id_.fetch_add(1, std::memory_order_relaxed);
+    e.plan.id = new_trace_key();
     return e.plan;
   }
 
@@ -158,7 +143,6 @@ class PlanCache {
     ShardingPlan plan;
   };
   std::unordered_multimap<std::uint64_t, Entry> plans_;
-  static inline std::atomic<std::uint64_t> next_id_{1};  // ids are unique in the process
 };
 
 OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a) {

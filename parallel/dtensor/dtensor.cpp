@@ -19,6 +19,22 @@ Placements normalize_placements(Placements p, int rank, const char* what) {
   return p;
 }
 
+void append_layout(const Tensor& t, std::vector<std::int64_t>& key) {
+  if (!t.defined()) {
+    key.push_back(-1);
+    return;
+  }
+  const TensorImpl& i = *t.impl();
+  key.push_back(std::int64_t(i.dtype) | (i.dist ? 0x100 : 0) | std::int64_t(i.shape.size()) << 16);
+  key.insert(key.end(), i.shape.begin(), i.shape.end());
+  if (!i.dist) return;
+  const Shape& local = i.dist->local.shape();
+  key.insert(key.end(), local.begin(), local.end());
+  for (const Placement& p : i.dist->placements) {
+    key.push_back(std::int64_t(p.kind) | std::int64_t(p.op) << 8 | std::int64_t(p.dim) << 16);
+  }
+}
+
 bool is_dtensor(const Tensor& t) { return t.defined() && t.impl()->dist != nullptr; }
 
 const DistSpec& dist_of(const Tensor& t) {

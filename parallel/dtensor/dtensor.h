@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "parallel/comm/mesh.h"
 #include "parallel/tensor/rules.h"
@@ -38,6 +39,10 @@ struct ShardOrigin {
 
 bool is_dtensor(const Tensor& t);
 const DistSpec& dist_of(const Tensor& t);  // REQUIRES: is_dtensor(t)
+
+// Appends what a sharding decision reads of `t` to `key`, as words: its definedness, dtype and
+// shape, and for a DTensor its local shape and placements (the mesh is the caller's to add).
+void append_layout(const Tensor& t, std::vector<std::int64_t>& key);
 
 // The local shape this rank holds for `global` under `placements` (torch.chunk shards).
 Shape local_shape_of(const Shape& global, std::span<const Placement> placements,

@@ -60,6 +60,21 @@ Tensor grad_like_param(const Tensor& p, const Tensor& g) {
       fmt::format("optimizer: gradient {} of a {} parameter", placements_str(gs.placements),
                   placements_str(ps.placements)));
 }
+// A loop: shapes are short, and std::equal calls memcmp.
+bool same_dims(const Shape& a, const Shape& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
+// Same dtype and shape; for DTensors, the same mesh, placements and local shape.
+bool same_layout(const TensorImpl& a, const TensorImpl& b) {
+  if (a.dtype != b.dtype || !same_dims(a.shape, b.shape) || !a.dist != !b.dist) return false;
+  return !a.dist || (a.dist->mesh == b.dist->mesh && a.dist->placements == b.dist->placements &&
+                     same_dims(a.dist->local.shape(), b.dist->local.shape()));
+}
 }  // namespace
 
 Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
@@ -74,10 +89,37 @@ void Optimizer::step() {
   PhaseScope phase(Phase::Optimizer);
   NoGradGuard no_grad;
   ++steps_;
+  KeyedRegion region(Tracer::current() ? events_key() : 0);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor g = params_[i].grad();
     if (g.defined()) update(i, grad_like_param(params_[i], g));
   }
+  region.end();
+}
+
+std::uint64_t Optimizer::events_key() {
+  // Parameters keep their layouts (no tensor's ever changes): the gradients' are compared, as one
+  // word each when laid out like their parameter (the usual case) or missing.
+  scratch_.clear();
+  for (const Tensor& p : params_) {
+    const TensorImpl& pi = *p.impl();
+    const TensorImpl* g = pi.grad.get();
+    if (!g) {
+      scratch_.push_back(0);
+    } else if (same_layout(pi, *g)) {
+      scratch_.push_back(1);
+    } else {
+      scratch_.push_back(2);
+      const Tensor gt = p.grad();
+      append_layout(gt, scratch_);
+      if (g->dist) scratch_.push_back(std::int64_t(g->dist->mesh->uid()));
+    }
+  }
+  if (key_ == 0 || scratch_ != layouts_) {
+    layouts_.swap(scratch_);
+    key_ = new_trace_key();
+  }
+  return key_;
 }
 
 void Optimizer::zero_grad() {

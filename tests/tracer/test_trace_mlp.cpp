@@ -87,6 +87,36 @@ TEST_CASE("the optimizer step is its own phase", "[tracer][mlp]") {
   REQUIRE(op_counts(t, {"MLPModule", Phase::Optimizer, {}, true}).empty());
 }
 
+TEST_CASE("repeated optimizer steps fold, and a step with a gradient missing does not",
+          "[tracer][mlp]") {
+  auto model = find_model("mlp").build(5, {});
+  const Tensor x = find_model("mlp").batch(5, {}, 1).input;
+  std::vector<Tensor> params = model->parameters();
+  AdamW opt(params, 0.01);
+  Tracer tr;
+  {
+    TracerActivation on(tr);
+    for (const bool drop : {false, false, true, false, false}) {
+      opt.zero_grad();
+      sum((*model)(x)).backward();
+      if (drop) params[0].set_grad(Tensor());  // its update (one _fused_adamw_) is skipped
+      opt.step();
+      tr.next_iteration();
+    }
+  }
+  const Trace t = tr.take();
+  std::vector<int> per_step;  // _fused_adamw_ events of each step, in order
+  Phase last = Phase::Forward;
+  t.for_each_event([&](const Record& r, std::uint64_t) {
+    if (r.phase == Phase::Optimizer && last != Phase::Optimizer) per_step.push_back(0);
+    if (r.phase == Phase::Optimizer) ++per_step.back();
+    last = r.phase;
+  });
+  REQUIRE(per_step == std::vector<int>{4, 4, 3, 4, 4});
+  REQUIRE(t.blocks.size() == 3);
+  REQUIRE(t.blocks[0].repeat == 2);
+}
+
 TEST_CASE("nothing is recorded without a tracer", "[tracer]") {
   auto model = find_model("mlp").build(5, {});
   Tracer tr;

@@ -683,6 +683,78 @@ TEST_CASE("an untimed repeat counts the events inside a keyed event without desc
   REQUIRE_THROWS_AS(tr.finish(i), Error);
 }
 
+TEST_CASE("a keyed region implies the events recorded inside it", "[tracer]") {
+  Tracer tr;
+  TracerActivation on(tr);
+  const Shape s{4};
+  int described = 0;
+  auto relu = [&](const char* name = "relu") {
+    EventHead h;
+    h.name = name;
+    tr.record(
+        h,
+        [&](auto& sink) {
+          ++described;
+          sink.input(ArgView{s, {}, {}});
+        },
+        tr.start_time());
+  };
+  std::uint64_t seq = 0;
+  // An op, then a region of two ops and a collective, then an op.
+  auto step = [&](std::uint64_t key, const char* first = "a", int inner = 2) {
+    relu(first);
+    KeyedRegion region(key);
+    for (int k = 0; k < inner; ++k) relu();
+    coll(tr, Collective::AllReduce, seq++, s);
+    region.end();
+    relu("b");
+    tr.next_iteration();
+  };
+  auto described_by = [&](auto&& f) {
+    const int before = described;
+    f();
+    return described - before;
+  };
+  REQUIRE(described_by([&] { step(7); }) == 4);       // written
+  REQUIRE(described_by([&] { step(7); }) == 2);       // the region's ops implied
+  REQUIRE(described_by([&] { step(8); }) == 4);       // another key: compared, and equal
+  REQUIRE(described_by([&] { step(7, "c"); }) == 4);  // diverges before the region: written
+  REQUIRE(described_by([&] { step(7, "c"); }) == 2);  // the region stored with the new block
+  const Trace t = tr.take();
+  REQUIRE(t.blocks.size() == 2);
+  REQUIRE(t.blocks[0].repeat == 3);
+  REQUIRE(t.blocks[1].repeat == 2);
+  REQUIRE(t.records.size() == 10);
+  REQUIRE(t.records[3].collective.seq_stride == 1);  // the implied collective's number checked
+  REQUIRE(t.records[8].collective.seq == 3);         // diverged: its own number
+
+  // The key promises the events inside: a different count is a bug, reported, not folded.
+  Tracer other;
+  TracerActivation on_other(other);
+  const std::uint64_t key = new_trace_key();
+  REQUIRE(new_trace_key() != key);
+  for (int inner : {2, 1}) {
+    KeyedRegion region(key);
+    for (int k = 0; k < inner; ++k) op(other, "relu", other.start_time());
+    if (inner == 1) {
+      REQUIRE_THROWS_AS(region.end(), Error);
+      break;
+    }
+    region.end();
+    other.next_iteration();
+  }
+  // An iteration does not end inside a region; one left by an exception is dropped unchecked.
+  Tracer third;
+  TracerActivation on_third(third);
+  {
+    KeyedRegion region(key);
+    REQUIRE_THROWS_AS(third.next_iteration(), Error);
+  }
+  third.next_iteration();
+  const KeyedRegion none(0);  // key 0: no region
+  third.next_iteration();
+}
+
 TEST_CASE("serialized enum names round-trip", "[tracer]") {
   for (Phase p : {Phase::Forward, Phase::Backward, Phase::Optimizer, Phase::Recompute}) {
     REQUIRE(parse_phase(phase_name(p)) == p);
