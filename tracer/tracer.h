@@ -187,11 +187,19 @@ class Tracer {
 
   // True when the next event is implied (inside a keyed event that matched) in an untimed
   // repeat: a call site may then skip describing and timing it and call record_implied() in place
-  // of record() (it only counts the event: nothing about it is compared, stored or timed).
-  bool next_implied() const {
-    return speculating_ && !timed_iteration_ && n_pending_ < implied_end_;
-  }
+  // of record(), begin_implied() in place of a collective's begin() (they only count the event:
+  // nothing about it is compared, stored or timed).
+  bool next_implied() const { return implying() && !timed_iteration_; }
+  // True when the next event is implied, timed or not: a region begun now would add nothing.
+  bool implying() const { return speculating_ && n_pending_ < implied_end_; }
   void record_implied() { pend(prev_.first + n_pending_, nullptr, 0, true, Implied::Inside); }
+  // The same for a collective of sequence number `seq` (checked as begin() checks it): returns
+  // its index, for finish().
+  std::uint32_t begin_implied(std::uint64_t seq) {
+    CollectiveView c;
+    c.seq = seq;
+    return pend(prev_.first + n_pending_, &c, 0, true, Implied::Inside);
+  }
 
   // Regions: begin_region(key) and end_region() bound a stretch of events that `key` determines
   // (an id never reused, as EventHead::key: given the module and phase the stretch starts in, it

@@ -204,6 +204,7 @@ std::uint32_t Communicator::prepare(CollectiveCall& c, Tracer* tracer) {
     c.seq = seq_++;
   }
   if (tracer == nullptr) return kNotRecorded;
+  if (tracer->next_implied()) return tracer->begin_implied(c.seq);
   const CollectiveContext* ctx = CollectiveScope::current();
   const std::span<const std::int64_t> global =
       ctx ? ctx->global_shape : std::span<const std::int64_t>();

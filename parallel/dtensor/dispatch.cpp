@@ -8,11 +8,11 @@
 // recorded as a sharded op with global shapes before its collectives, keyed by its plan: every
 // event it records is a function of the plan, so a repeated iteration matches them by the key.
 #include <limits>
-#include <unordered_map>
 #include <vector>
 
 #include "parallel/comm/mesh.h"
 #include "parallel/dtensor/dtensor.h"
+#include "parallel/dtensor/key_cache.h"
 #include "parallel/tensor/op.h"
 #include "tracer/tracer.h"
 
@@ -92,7 +92,6 @@ Choice choose(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a,
 
 // The outputs' global and local specs and the chosen strategy for one key (plan_key).
 struct ShardingPlan {
-  std::uint64_t id = 0;  // never reused; 0 for a plan not cached
   std::array<OutSpec, kMaxOpOutputs> global, local;
   Choice choice;
 };
@@ -111,39 +110,6 @@ void plan_key(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a, con
   if (a.shape) w.insert(w.end(), a.shape->begin(), a.shape->end());
   for (const Tensor& t : in) append_layout(t, w);
 }
-
-// Sharding plans by key, per thread (a rank's mesh is its own); entries never move or go.
-class PlanCache {
- public:
-  static constexpr std::size_t kMaxPlans = 4096;  // then plans are made per call, uncached
-
-  // The plan of `key`, made by make(scratch) when new (and left in `scratch`, with id 0, past
-  // kMaxPlans).
-  template <class Make>
-  const ShardingPlan& get(const std::vector<std::int64_t>& key, ShardingPlan& scratch,
-                          Make&& make) {
-    std::uint64_t h = 0x9e3779b97f4a7c15ull;
-    for (std::int64_t v : key) h = (h ^ std::uint64_t(v)) * 0x100000001b3ull;
-    const auto [first, last] = plans_.equal_range(h);
-    for (auto it = first; it != last; ++it) {
-      if (it->second.key == key) return it->second.plan;
-    }
-    make(scratch);
-    if (plans_.size() >= kMaxPlans) return scratch;
-    Entry& e = plans_.emplace(h, Entry())->second;
-    e.key = key;
-    e.plan = std::move(scratch);
-    e.plan.id = new_trace_key();
-    return e.plan;
-  }
-
- private:
-  struct Entry {
-    std::vector<std::int64_t> key;
-    ShardingPlan plan;
-  };
-  std::unordered_multimap<std::uint64_t, Entry> plans_;
-};
 
 OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const OpAttrs& a) {
   std::shared_ptr<const DeviceMesh> mesh;
@@ -168,11 +134,12 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
                   in.size(), dtensors, kMaxRuleInputs);
 
   const auto nd = std::size_t(mesh->ndim());
-  static thread_local PlanCache cache;
+  // Sharding plans by key, per thread (a rank's mesh is its own).
+  static thread_local KeyedCache<ShardingPlan> cache;
   static thread_local std::vector<std::int64_t> key;
   plan_key(op, in, a, *mesh, key);
-  ShardingPlan scratch;
-  const ShardingPlan& plan = cache.get(key, scratch, [&](ShardingPlan& p) {
+  KeyedCache<ShardingPlan>::Entry scratch;
+  const KeyedCache<ShardingPlan>::Entry& planned = cache.get(key, scratch, [&](ShardingPlan& p) {
     op.shapes(in, a, p.global.data());
     p.choice = choose(op, in, a, *mesh);
     p.local = p.global;
@@ -181,6 +148,7 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
       p.local[o].shape = local_shape_of(p.global[o].shape, {p.choice.outputs[o].data(), nd}, *mesh);
     }
   });
+  const ShardingPlan& plan = planned.value;
   const Choice& c = plan.choice;
 
   Tracer* tracer = Tracer::current();
@@ -199,7 +167,7 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
     h.sharded = true;
     h.mesh = &mesh->info();
     h.mesh_key = mesh->uid();
-    h.key = plan.id;
+    h.key = planned.id;
     record = tracer->begin(h, [&](auto& sink) {
       describe_inputs(sink, in, a.transposed, [](const Tensor& t) {
         const TensorImpl& i = *t.impl();

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "parallel/dtensor/key_cache.h"
 #include "parallel/tensor/autograd.h"
 #include "parallel/tensor/ops.h"
 #include "tracer/tracer.h"
@@ -19,6 +20,38 @@ Placements normalize_placements(Placements p, int rank, const char* what) {
   return p;
 }
 
+namespace {
+std::int64_t placement_word(const Placement& p) {
+  return std::int64_t(p.kind) | std::int64_t(p.op) << 8 | std::int64_t(p.dim) << 16;
+}
+
+// The key of a redistribution's events (a keyed region): they are a function of the arguments
+// of redistribute_local below, the mesh standing for its communicators, and the reason's parts
+// (interned or static, so equal parts mean an equal text).
+std::uint64_t redistribute_key(const Tensor& local, const Shape& global, const DeviceMesh& mesh,
+                               std::span<const Placement> src, std::span<const Placement> dst,
+                               const Reason& reason) {
+  static thread_local KeyedCache<char> cache;
+  static thread_local std::vector<std::int64_t> key;
+  key.clear();
+  key.push_back(std::int64_t(mesh.uid()));
+  append_layout(local, key);
+  key.push_back(std::int64_t(global.size()));
+  key.insert(key.end(), global.begin(), global.end());
+  for (const Placement& p : src) key.push_back(placement_word(p));
+  for (const Placement& p : dst) key.push_back(placement_word(p));
+  for (const void* part :
+       {static_cast<const void*>(reason.prefix), static_cast<const void*>(reason.text.data()),
+        static_cast<const void*>(reason.op)}) {
+    key.push_back(std::int64_t(reinterpret_cast<std::uintptr_t>(part)));
+  }
+  key.push_back(std::int64_t(reason.text.size()));
+  key.push_back(reason.index);
+  KeyedCache<char>::Entry scratch;
+  return cache.get(key, scratch, [](char&) {}).id;
+}
+}  // namespace
+
 void append_layout(const Tensor& t, std::vector<std::int64_t>& key) {
   if (!t.defined()) {
     key.push_back(-1);
@@ -30,9 +63,7 @@ void append_layout(const Tensor& t, std::vector<std::int64_t>& key) {
   if (!i.dist) return;
   const Shape& local = i.dist->local.shape();
   key.insert(key.end(), local.begin(), local.end());
-  for (const Placement& p : i.dist->placements) {
-    key.push_back(std::int64_t(p.kind) | std::int64_t(p.op) << 8 | std::int64_t(p.dim) << 16);
-  }
+  for (const Placement& p : i.dist->placements) key.push_back(placement_word(p));
 }
 
 bool is_dtensor(const Tensor& t) { return t.defined() && t.impl()->dist != nullptr; }
@@ -207,6 +238,9 @@ Tensor redistribute_local(const Tensor& local, const Shape& global, const Device
                   placements_str(dst), mesh.ndim());
   if (std::equal(src.begin(), src.end(), dst.begin())) return local;
   NoGradGuard no_grad;
+  const Tracer* tracer = Tracer::current();
+  KeyedRegion region(
+      tracer && !tracer->implying() ? redistribute_key(local, global, mesh, src, dst, reason) : 0);
   Tensor cur = local;
   Placements pl(src.begin(), src.end());
   // Shards are undone innermost mesh dim first (a tensor dim sharded on dims 0 and 1 must be
@@ -260,6 +294,7 @@ Tensor redistribute_local(const Tensor& local, const Shape& global, const Device
     }
     pl = next;
   }
+  region.end();
   return cur;
 }
 

@@ -418,6 +418,47 @@ TEST_CASE("sharding plans are cached by everything they depend on", "[dtensor]")
   REQUIRE(traces[0].blocks[0].repeat == 2);
 }
 
+TEST_CASE("a redistribution repeats by everything its events depend on", "[dtensor]") {
+  // Partial -> Replicate (a clone and an all_reduce) in untimed repeats, where the keyed region
+  // implies them: another reason, shape or source placement is seen, not folded into the last.
+  struct Step {
+    const char* reason;
+    std::int64_t rows;
+    Placement src;
+  };
+  const std::vector<Step> steps = {{"a", 4, Placement::partial()},
+                                   {"a", 4, Placement::partial()},
+                                   {"b", 4, Placement::partial()},
+                                   {"b", 2, Placement::partial()},
+                                   {"b", 2, Placement::partial(ReduceOp::Max)},
+                                   {"b", 2, Placement::partial(ReduceOp::Max)}};
+  std::vector<Trace> traces(2);
+  launch(2, [&](RankContext& ctx) {
+    auto mesh = std::make_shared<DeviceMesh>(ctx, std::vector<int>{2});
+    Tracer tr(ctx.rank(), TimingPolicy{1, 0});
+    TracerActivation on(tr);
+    for (const Step& st : steps) {
+      const Tensor local = Tensor::full({st.rows, 3}, 1.0);
+      const Placement src[] = {st.src}, dst[] = {Placement::replicate()};
+      const Tensor out = redistribute_local(local, {st.rows, 3}, *mesh, src, dst, st.reason);
+      REQUIRE(out.to_vector().front() == (st.src.op == ReduceOp::Max ? 1.0 : 2.0));
+      tr.next_iteration();
+    }
+    traces[std::size_t(ctx.rank())] = tr.take();
+  });
+  const Trace& t = traces[0];
+  std::vector<std::string> seen;  // each all_reduce's reason, rows and reduce op, in order
+  t.for_each_event([&](const Record& r, std::uint64_t) {
+    if (r.kind != EventKind::Collective) return;
+    seen.push_back(std::string(t.str(r.reason)) + " " +
+                   std::to_string(t.shape(t.inputs(r)[0].shape)[0]) + " " +
+                   reduce_op_name(r.collective.reduce_op));
+  });
+  REQUIRE(seen == std::vector<std::string>{"a 4 sum", "a 4 sum", "b 4 sum", "b 2 sum", "b 2 max",
+                                           "b 2 max"});
+  REQUIRE(t.blocks.size() == 4);
+}
+
 TEST_CASE("past the plan cache's size, ops are planned per call and traced the same", "[dtensor]") {
   // 4200 shapes: more distinct plans than a thread caches (4096); the last ones run uncached.
   launch(1, [&](RankContext& ctx) {

@@ -753,6 +753,26 @@ TEST_CASE("a keyed region implies the events recorded inside it", "[tracer]") {
   third.next_iteration();
   const KeyedRegion none(0);  // key 0: no region
   third.next_iteration();
+
+  // In an untimed repeat an implied collective is only counted, its sequence number checked: one
+  // that does not advance by the stride keeps its iteration apart, with its own number.
+  Tracer fourth(0, TimingPolicy{1, 0});
+  TracerActivation on_fourth(fourth);
+  for (const std::uint64_t seq : {0, 1, 2, 7}) {
+    KeyedRegion region(key);
+    if (seq > 0) REQUIRE(fourth.next_implied());
+    if (fourth.next_implied()) {
+      fourth.finish(fourth.begin_implied(seq));
+    } else {
+      coll(fourth, Collective::AllReduce, seq, s);
+    }
+    region.end();
+    fourth.next_iteration();
+  }
+  const Trace f = fourth.take();
+  REQUIRE(f.blocks.size() == 2);
+  REQUIRE(f.blocks[0].repeat == 3);
+  REQUIRE(f.records[1].collective.seq == 7);
 }
 
 TEST_CASE("serialized enum names round-trip", "[tracer]") {
