@@ -254,8 +254,13 @@ void Tracer::end_region() {
                   r.key, r.expected);
 }
 
+// Its count stays kNoInner (never matched). Events it implied so far ran; none after them is.
 void Tracer::abandon_region() {
-  if (!region_stack_.empty()) region_stack_.pop_back();  // its count stays kNoInner
+  if (region_stack_.empty()) return;
+  if (open_regions_[region_stack_.back()].expected != kNoInner) {
+    implied_end_ = std::min(implied_end_, n_pending_);
+  }
+  region_stack_.pop_back();
 }
 
 // The open block's matched events become records: copies of the previous block's records with

@@ -754,6 +754,26 @@ TEST_CASE("a keyed region implies the events recorded inside it", "[tracer]") {
   const KeyedRegion none(0);  // key 0: no region
   third.next_iteration();
 
+  // A matched region left by an exception implies nothing after the events that ran in it.
+  Tracer fifth;
+  TracerActivation on_fifth(fifth);
+  for (int it = 0; it < 2; ++it) {
+    {
+      KeyedRegion region(key);
+      op(fifth, "relu");
+      if (it == 0) {  // the repeat leaves the region without end(), as an exception would
+        op(fifth, "relu");
+        region.end();
+      }
+    }
+    op(fifth, "b");
+    fifth.next_iteration();
+  }
+  std::vector<std::string> names;
+  const Trace ft = fifth.take();
+  ft.for_each_event([&](const Record& r, std::uint64_t) { names.emplace_back(ft.name(r)); });
+  REQUIRE(names == std::vector<std::string>{"relu", "relu", "b", "relu", "b"});
+
   // In an untimed repeat an implied collective is only counted, its sequence number checked: one
   // that does not advance by the stride keeps its iteration apart, with its own number.
   Tracer fourth(0, TimingPolicy{1, 0});
