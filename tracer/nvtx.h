@@ -8,7 +8,19 @@
 #include <nvtx3/nvToolsExt.h>
 #endif
 
+#include <cstdlib>
+
 namespace commtrace::nvtx {
+
+// True when a tool (Nsight Systems) is injected through NVTX_INJECTION64_PATH, as NVTX itself
+// decides on its first call; without one every range is a no-op, which callers may then skip.
+inline bool attached() {
+#ifdef COMMTRACE_HAVE_NVTX
+  return std::getenv("NVTX_INJECTION64_PATH") != nullptr;
+#else
+  return false;
+#endif
+}
 
 // Ranges nest per thread: every push is matched by a pop on the same thread.
 inline void push(const char* name) {

@@ -42,7 +42,8 @@ struct SwappedArg {
 std::uint64_t new_trace_key() { return g_next_key.fetch_add(1, std::memory_order_relaxed); }
 
 Tracer::Tracer(int rank, TimingPolicy timing)
-    : id_(g_next_tracer_id.fetch_add(1, std::memory_order_relaxed)),
+    : nvtx_(nvtx::attached()),
+      id_(g_next_tracer_id.fetch_add(1, std::memory_order_relaxed)),
       slot_tag_(std::uint64_t(id_) << 32),
       policy_(timing) {
   trace_.rank = rank;
@@ -58,7 +59,7 @@ int Tracer::enter_module(std::string_view fqn, std::string_view type, const Trac
   if (slot && slot->get(id_, known) && known < trace_.modules.size() &&
       trace_.modules[known].parent == parent) {
     stack_.push_back(int(known));
-    nvtx::push(trace_.modules[known].fqn.c_str());
+    if (nvtx_) nvtx_push(trace_.modules[known].fqn.c_str());
     return int(known);
   }
   int id = -1;
@@ -84,22 +85,12 @@ int Tracer::enter_module(std::string_view fqn, std::string_view type, const Trac
   }
   if (slot) slot->set(id_, std::uint32_t(id));
   stack_.push_back(id);
-  nvtx::push(trace_.modules[std::size_t(id)].fqn.c_str());
+  if (nvtx_) nvtx_push(trace_.modules[std::size_t(id)].fqn.c_str());
   return id;
 }
 
-void Tracer::exit_module() {
-  COMMTRACE_CHECK(stack_.size() > 1, ErrorCode::Internal, "tracer: exit_module without enter");
-  stack_.pop_back();
-  nvtx::pop();
-}
-
-void Tracer::push_module(int module) {
-  COMMTRACE_CHECK(module >= 0 && std::size_t(module) < trace_.modules.size(), ErrorCode::Internal,
-                  "tracer: module {} out of range [0, {})", module, trace_.modules.size());
-  stack_.push_back(module);
-  nvtx::push(trace_.modules[std::size_t(module)].fqn.c_str());
-}
+void Tracer::nvtx_push(const char* name) { nvtx::push(name); }
+void Tracer::nvtx_pop() { nvtx::pop(); }
 
 bool Tracer::has_params(int module) const {
   return !trace_.modules.at(std::size_t(module)).params.empty();
@@ -545,12 +536,12 @@ PhaseScope::PhaseScope(Phase p) : tracer_(Tracer::current()) {
   if (!tracer_) return;
   previous_ = tracer_->phase();
   tracer_->set_phase(p);
-  nvtx::push(phase_name(p));
+  if (tracer_->nvtx_) Tracer::nvtx_push(phase_name(p));
 }
 PhaseScope::~PhaseScope() {
   if (!tracer_) return;
   tracer_->set_phase(previous_);
-  nvtx::pop();
+  if (tracer_->nvtx_) Tracer::nvtx_pop();
 }
 
 }  // namespace commtrace

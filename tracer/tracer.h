@@ -147,10 +147,19 @@ class Tracer {
   // Module scopes: entering finds or creates the child `fqn` of the current module; `slot`
   // (optional, kept by the module object) remembers the node for the next entry.
   int enter_module(std::string_view fqn, std::string_view type, const TraceSlot* slot = nullptr);
-  void exit_module();
+  void exit_module() {
+    COMMTRACE_CHECK(stack_.size() > 1, ErrorCode::Internal, "tracer: exit_module without enter");
+    stack_.pop_back();
+    if (nvtx_) nvtx_pop();
+  }
   int current_module() const { return stack_.back(); }
   // Backward attribution: run under `module` (an index of this trace) without the FQN lookup.
-  void push_module(int module);
+  void push_module(int module) {
+    COMMTRACE_CHECK(module >= 0 && std::size_t(module) < trace_.modules.size(), ErrorCode::Internal,
+                    "tracer: module {} out of range [0, {})", module, trace_.modules.size());
+    stack_.push_back(module);
+    if (nvtx_) nvtx_push(trace_.modules[std::size_t(module)].fqn.c_str());
+  }
   std::size_t module_count() const { return trace_.modules.size(); }
 
   Phase phase() const { return phase_; }
@@ -184,6 +193,13 @@ class Tracer {
   }
   template <Describer Describe>
   void finish(std::uint32_t index, Describe&& describe_outputs);
+
+  // What begin() does for an event it can match without its head: one inside a keyed event or
+  // region that matched, or one whose key (EventHead::key, non-zero) matches the record at its
+  // position. Returns its index, or kNone: then begin() it with its whole head. A keyed site
+  // calls this first and builds the head only when it returns kNone.
+  static constexpr std::uint32_t kNone = 0xffffffffu;
+  std::uint32_t begin_by_key(std::uint64_t key, const CollectiveView* collective = nullptr);
 
   // True when the next event is implied (inside a keyed event that matched) in an untimed
   // repeat: a call site may then skip describing and timing it and call record_implied() in place
@@ -261,7 +277,7 @@ class Tracer {
   };
 
   // Replay (see the file comment).
-  bool keyed(const EventHead& h, std::uint32_t index) const;
+  bool keyed(std::uint64_t key, std::uint32_t index) const;
   bool head_matches(const EventHead& h, std::uint32_t index);
   // Out of line, their arguments by value (copies made on these rare paths keep the hot path's
   // views in registers).
@@ -280,7 +296,6 @@ class Tracer {
 
   // Writing. `like` is the record the event was compared with (kNone: none), whose mean
   // duration estimates an event that began untimed.
-  static constexpr std::uint32_t kNone = 0xffffffffu;
   template <class Describe>
   std::uint32_t write_record(EventHead h, Describe describe, std::uint64_t start,
                              std::uint32_t like);
@@ -297,6 +312,9 @@ class Tracer {
   MeshId intern_mesh(const MeshInfo& m, std::uint64_t key);
   void close_block();
   void resolve_device_times();
+  // NVTX ranges, out of line (tracer/nvtx.h is internal); only when a tool is attached (nvtx_).
+  static void nvtx_push(const char* name);
+  static void nvtx_pop();
 
   // An event of the open block that matched the previous block's record at its position.
   struct Pending {
@@ -359,8 +377,10 @@ class Tracer {
   std::array<StaticSlot, 256> static_cache_{};
 
   friend class TracerActivation;
+  friend class PhaseScope;
   static inline thread_local Tracer* current_ = nullptr;  // set by TracerActivation
 
+  bool nvtx_;               // nvtx::attached() when the tracer was made
   std::uint32_t id_;        // unique per tracer and trace: the key of the tensors' slots
   std::uint64_t slot_tag_;  // id_ << 32: a slot holding argument i of this tracer is tag | i
   TimingPolicy policy_;
@@ -427,10 +447,10 @@ COMMTRACE_HOT bool Tracer::head_matches(const EventHead& h, std::uint32_t index)
 }
 
 // The key determines the head too; the module and phase the event runs in are compared.
-COMMTRACE_HOT bool Tracer::keyed(const EventHead& h, std::uint32_t index) const {
+COMMTRACE_HOT bool Tracer::keyed(std::uint64_t key, std::uint32_t index) const {
   const Source& s = sources_[index];
   const Record& r = trace_.records[index];
-  return h.key != 0 && s.key == h.key && s.inner != kNoInner &&
+  return key != 0 && s.key == key && s.inner != kNoInner &&
          r.module == std::uint32_t(stack_.back()) && r.phase == phase_;
 }
 
@@ -465,7 +485,7 @@ COMMTRACE_HOT std::uint32_t Tracer::record(const EventHead& h, Describe&& descri
   if (speculating_) {
     const std::uint32_t pos = n_pending_, index = prev_.first + pos;
     std::uint32_t i = kNone;
-    if (pos < implied_end_ || (pos < prev_.count && keyed(h, index))) {
+    if (pos < implied_end_ || (pos < prev_.count && keyed(h.key, index))) {
       i = pend(index, nullptr, start, true, pos < implied_end_ ? Implied::Inside : Implied::Key);
     } else if (pos < prev_.count && head_matches(h, index)) {
       const Record& r = trace_.records[index];
@@ -485,29 +505,34 @@ COMMTRACE_HOT std::uint32_t Tracer::record(const EventHead& h, Describe&& descri
   return write_record(h, describe, start, like);
 }
 
+COMMTRACE_HOT std::uint32_t Tracer::begin_by_key(std::uint64_t key, const CollectiveView* c) {
+  if (!speculating_) return kNone;
+  const std::uint32_t pos = n_pending_, index = prev_.first + pos;
+  const bool inside = pos < implied_end_;
+  if (!inside && (pos >= prev_.count || !keyed(key, index))) return kNone;
+  const std::uint64_t start = timed_iteration_ ? now() : 0;
+  if (inside) return pend(index, c, start, true, Implied::Inside);
+  implied_end_ = pos + 1 + sources_[index].inner;
+  return pend(index, c, start, trace_.records[index].n_outputs == 0, Implied::Key);
+}
+
 template <Describer Describe>
 COMMTRACE_HOT std::uint32_t Tracer::begin(const EventHead& h, Describe&& describe,
                                           const CollectiveView* c) {
-  if (speculating_) {
-    const std::uint32_t pos = n_pending_, index = prev_.first + pos;
+  if (const std::uint32_t i = begin_by_key(h.key, c); i != kNone) return i;
+  const std::uint32_t pos = n_pending_, index = prev_.first + pos;
+  if (speculating_ && pos < prev_.count) {
     const std::uint64_t start = timed_iteration_ ? now() : 0;
-    if (pos < implied_end_) return pend(index, c, start, true, Implied::Inside);
-    if (pos < prev_.count) {
+    if (head_matches(h, index)) {
       const Record& r = trace_.records[index];
-      if (keyed(h, index)) {
-        implied_end_ = pos + 1 + sources_[index].inner;
-        return pend(index, c, start, r.n_outputs == 0, Implied::Key);
-      }
-      if (head_matches(h, index)) {
-        Matcher m{*this,           r.inputs_begin,  r.inputs_begin + r.n_inputs,
-                  r.outputs_begin, r.outputs_begin, r.outputs_begin + r.n_outputs};
-        describe(m);
-        // Outputs given now are seen; none given: finish() gives them.
-        if (m.ok && m.in == m.in_end && (m.out == m.out_end || m.out == m.out_begin) &&
-            (c ? r.kind == EventKind::Collective && collective_matches(*c, r)
-               : r.kind != EventKind::Collective)) {
-          return pend(index, c, start, m.out == m.out_end, Implied::No);
-        }
+      Matcher m{*this,           r.inputs_begin,  r.inputs_begin + r.n_inputs,
+                r.outputs_begin, r.outputs_begin, r.outputs_begin + r.n_outputs};
+      describe(m);
+      // Outputs given now are seen; none given: finish() gives them.
+      if (m.ok && m.in == m.in_end && (m.out == m.out_end || m.out == m.out_begin) &&
+          (c ? r.kind == EventKind::Collective && collective_matches(*c, r)
+             : r.kind != EventKind::Collective)) {
+        return pend(index, c, start, m.out == m.out_end, Implied::No);
       }
     }
   }

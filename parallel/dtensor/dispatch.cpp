@@ -153,7 +153,8 @@ OpOutputs dispatch_dtensor(const OpDef& op, std::span<const Tensor> in, const Op
 
   Tracer* tracer = Tracer::current();
   std::uint32_t record = 0;
-  if (tracer) {
+  // The plan's id keys the event: the head is built only when the key does not match.
+  if (tracer && (record = tracer->begin_by_key(planned.id)) == Tracer::kNone) {
     EventHead h;
     h.kind = op.kind;
     h.name = op.name;
