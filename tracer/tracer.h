@@ -278,6 +278,9 @@ class Tracer {
 
   // Replay (see the file comment).
   bool keyed(std::uint64_t key, std::uint32_t index) const;
+  // How the next event matches without its arguments, while speculating: Inside a keyed event or
+  // region that matched, by its Key (non-zero) at its position, or No (compare it).
+  Implied implied_by(std::uint64_t key) const;
   bool head_matches(const EventHead& h, std::uint32_t index);
   // Out of line, their arguments by value (copies made on these rare paths keep the hot path's
   // views in registers).
@@ -485,8 +488,8 @@ COMMTRACE_HOT std::uint32_t Tracer::record(const EventHead& h, Describe&& descri
   if (speculating_) {
     const std::uint32_t pos = n_pending_, index = prev_.first + pos;
     std::uint32_t i = kNone;
-    if (pos < implied_end_ || (pos < prev_.count && keyed(h.key, index))) {
-      i = pend(index, nullptr, start, true, pos < implied_end_ ? Implied::Inside : Implied::Key);
+    if (const Implied k = implied_by(h.key); k != Implied::No) {
+      i = pend(index, nullptr, start, true, k);
     } else if (pos < prev_.count && head_matches(h, index)) {
       const Record& r = trace_.records[index];
       Matcher m{*this,           r.inputs_begin,  r.inputs_begin + r.n_inputs,
@@ -505,15 +508,21 @@ COMMTRACE_HOT std::uint32_t Tracer::record(const EventHead& h, Describe&& descri
   return write_record(h, describe, start, like);
 }
 
+COMMTRACE_HOT Tracer::Implied Tracer::implied_by(std::uint64_t key) const {
+  const std::uint32_t pos = n_pending_;
+  if (pos < implied_end_) return Implied::Inside;
+  return pos < prev_.count && keyed(key, prev_.first + pos) ? Implied::Key : Implied::No;
+}
+
 COMMTRACE_HOT std::uint32_t Tracer::begin_by_key(std::uint64_t key, const CollectiveView* c) {
   if (!speculating_) return kNone;
+  const Implied k = implied_by(key);
+  if (k == Implied::No) return kNone;
   const std::uint32_t pos = n_pending_, index = prev_.first + pos;
-  const bool inside = pos < implied_end_;
-  if (!inside && (pos >= prev_.count || !keyed(key, index))) return kNone;
   const std::uint64_t start = timed_iteration_ ? now() : 0;
-  if (inside) return pend(index, c, start, true, Implied::Inside);
-  implied_end_ = pos + 1 + sources_[index].inner;
-  return pend(index, c, start, trace_.records[index].n_outputs == 0, Implied::Key);
+  if (k == Implied::Inside) return pend(index, c, start, true, k);
+  implied_end_ = pos + 1 + sources_[index].inner;  // its insides follow
+  return pend(index, c, start, trace_.records[index].n_outputs == 0, k);
 }
 
 template <Describer Describe>
