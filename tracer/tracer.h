@@ -153,12 +153,18 @@ class Tracer {
     if (nvtx_) nvtx_pop();
   }
   int current_module() const { return stack_.back(); }
-  // Backward attribution: run under `module` (an index of this trace) without the FQN lookup.
-  void push_module(int module) {
+  // Backward attribution: events recorded until restore_module() belong to `module` (an index of
+  // this trace), found without the FQN lookup. It takes the current module's place on the stack
+  // (the same as pushing it, one write cheaper); returns the module it replaced.
+  int attribute_to(int module) {
     COMMTRACE_CHECK(module >= 0 && std::size_t(module) < trace_.modules.size(), ErrorCode::Internal,
                     "tracer: module {} out of range [0, {})", module, trace_.modules.size());
-    stack_.push_back(module);
     if (nvtx_) nvtx_push(trace_.modules[std::size_t(module)].fqn.c_str());
+    return std::exchange(stack_.back(), module);
+  }
+  void restore_module(int previous) {
+    stack_.back() = previous;
+    if (nvtx_) nvtx_pop();
   }
   std::size_t module_count() const { return trace_.modules.size(); }
 
@@ -724,6 +730,7 @@ class AttributionScope {
 
  private:
   Tracer* tracer_;
+  int previous_module_ = 0;
   Phase previous_phase_ = Phase::Forward;
 };
 
@@ -752,14 +759,14 @@ inline ModuleScope::~ModuleScope() {
 inline AttributionScope::AttributionScope(const Tracer* owner, int module, Phase phase)
     : tracer_(Tracer::current()) {
   if (!tracer_) return;
-  tracer_->push_module(owner == tracer_ && module >= 0 ? module : 0);
+  previous_module_ = tracer_->attribute_to(owner == tracer_ && module >= 0 ? module : 0);
   previous_phase_ = tracer_->phase();
   tracer_->set_phase(phase);
 }
 inline AttributionScope::~AttributionScope() {
   if (!tracer_) return;
   tracer_->set_phase(previous_phase_);
-  tracer_->exit_module();
+  tracer_->restore_module(previous_module_);
 }
 
 }  // namespace commtrace

@@ -1,5 +1,6 @@
 #include "parallel/dtensor/dtensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -27,27 +28,31 @@ std::int64_t placement_word(const Placement& p) {
 
 // The key of a redistribution's events (a keyed region): they are a function of the arguments
 // of redistribute_local below, the mesh standing for its communicators, and the reason's parts
-// (interned or static, so equal parts mean an equal text).
+// (interned or static, so equal parts mean an equal text). Built in place (it runs for every
+// redistribution a tracer sees outside a keyed op): the local tensor is plain, so its layout is
+// append_layout's words for a plain tensor.
 std::uint64_t redistribute_key(const Tensor& local, const Shape& global, const DeviceMesh& mesh,
                                std::span<const Placement> src, std::span<const Placement> dst,
                                const Reason& reason) {
   static thread_local KeyedCache<char> cache;
   static thread_local std::vector<std::int64_t> key;
-  key.clear();
-  key.push_back(std::int64_t(mesh.uid()));
-  append_layout(local, key);
-  key.push_back(std::int64_t(global.size()));
-  key.insert(key.end(), global.begin(), global.end());
-  for (const Placement& p : src) key.push_back(placement_word(p));
-  for (const Placement& p : dst) key.push_back(placement_word(p));
-  for (const void* part :
-       {static_cast<const void*>(reason.prefix), static_cast<const void*>(reason.text.data()),
-        static_cast<const void*>(reason.op)}) {
-    key.push_back(std::int64_t(reinterpret_cast<std::uintptr_t>(part)));
-  }
-  key.push_back(std::int64_t(reason.text.size()));
-  key.push_back(reason.index);
-  KeyedCache<char>::Entry scratch;
+  const TensorImpl& l = *local.impl();
+  const Shape& shape = l.shape;
+  key.resize(9 + shape.size() + global.size() + src.size() + dst.size());
+  std::int64_t* w = key.data();
+  *w++ = std::int64_t(mesh.uid());
+  *w++ = std::int64_t(l.dtype) | std::int64_t(shape.size()) << 16;
+  w = std::copy(shape.begin(), shape.end(), w);
+  *w++ = std::int64_t(global.size());
+  w = std::copy(global.begin(), global.end(), w);
+  for (const Placement& p : src) *w++ = placement_word(p);
+  for (const Placement& p : dst) *w++ = placement_word(p);
+  *w++ = std::int64_t(reinterpret_cast<std::uintptr_t>(reason.prefix));
+  *w++ = std::int64_t(reinterpret_cast<std::uintptr_t>(reason.text.data()));
+  *w++ = std::int64_t(reinterpret_cast<std::uintptr_t>(reason.op));
+  *w++ = std::int64_t(reason.text.size());
+  *w = reason.index;
+  KeyedCache<char>::Entry scratch{};
   return cache.get(key, scratch, [](char&) {}).id;
 }
 }  // namespace
@@ -236,6 +241,9 @@ Tensor redistribute_local(const Tensor& local, const Shape& global, const Device
   COMMTRACE_CHECK(src.size() == std::size_t(mesh.ndim()) && dst.size() == src.size(),
                   ErrorCode::Internal, "redistribute: {} → {} on a {}-d mesh", placements_str(src),
                   placements_str(dst), mesh.ndim());
+  COMMTRACE_CHECK(local.defined() && !local.impl()->dist, ErrorCode::Internal,
+                  "redistribute: the local tensor is {}, not a plain tensor",
+                  local.defined() ? describe(local) : "undefined");
   if (std::equal(src.begin(), src.end(), dst.begin())) return local;
   NoGradGuard no_grad;
   const Tracer* tracer = Tracer::current();
