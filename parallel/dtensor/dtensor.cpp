@@ -26,11 +26,16 @@ std::int64_t placement_word(const Placement& p) {
   return std::int64_t(p.kind) | std::int64_t(p.op) << 8 | std::int64_t(p.dim) << 16;
 }
 
-// The key of a redistribution's events (a keyed region): they are a function of the arguments
-// of redistribute_local below, the mesh standing for its communicators, and the reason's parts
-// (interned or static, so equal parts mean an equal text). Built in place (it runs for every
-// redistribution a tracer sees outside a keyed op): the local tensor is plain, so its layout is
-// append_layout's words for a plain tensor.
+// A tensor's first layout word: its dtype, whether it is a DTensor, and its rank.
+std::int64_t layout_word(const TensorImpl& i) {
+  return std::int64_t(i.dtype) | (i.dist ? 0x100 : 0) | std::int64_t(i.shape.size()) << 16;
+}
+}  // namespace
+
+// Its events are a function of redistribute_local's arguments, the mesh standing for its
+// communicators, and the reason's parts (interned or static, so equal parts mean an equal text).
+// Written in place (it runs for every redistribution a tracer sees outside a keyed op); the local
+// tensor is plain, so its layout is append_layout's words for a plain tensor.
 std::uint64_t redistribute_key(const Tensor& local, const Shape& global, const DeviceMesh& mesh,
                                std::span<const Placement> src, std::span<const Placement> dst,
                                const Reason& reason) {
@@ -38,10 +43,10 @@ std::uint64_t redistribute_key(const Tensor& local, const Shape& global, const D
   static thread_local std::vector<std::int64_t> key;
   const TensorImpl& l = *local.impl();
   const Shape& shape = l.shape;
-  key.resize(9 + shape.size() + global.size() + src.size() + dst.size());
+  key.resize(8 + shape.size() + global.size() + src.size() + dst.size());
   std::int64_t* w = key.data();
   *w++ = std::int64_t(mesh.uid());
-  *w++ = std::int64_t(l.dtype) | std::int64_t(shape.size()) << 16;
+  *w++ = layout_word(l);
   w = std::copy(shape.begin(), shape.end(), w);
   *w++ = std::int64_t(global.size());
   w = std::copy(global.begin(), global.end(), w);
@@ -51,11 +56,13 @@ std::uint64_t redistribute_key(const Tensor& local, const Shape& global, const D
   *w++ = std::int64_t(reinterpret_cast<std::uintptr_t>(reason.text.data()));
   *w++ = std::int64_t(reinterpret_cast<std::uintptr_t>(reason.op));
   *w++ = std::int64_t(reason.text.size());
-  *w = reason.index;
+  *w++ = reason.index;
+  // Every word is written: a word left from an earlier key would make equal arguments miss.
+  COMMTRACE_CHECK(w == key.data() + key.size(), ErrorCode::Internal,
+                  "redistribute: {} key words written for {}", w - key.data(), key.size());
   KeyedCache<char>::Entry scratch{};
   return cache.get(key, scratch, [](char&) {}).id;
 }
-}  // namespace
 
 void append_layout(const Tensor& t, std::vector<std::int64_t>& key) {
   if (!t.defined()) {
@@ -63,7 +70,7 @@ void append_layout(const Tensor& t, std::vector<std::int64_t>& key) {
     return;
   }
   const TensorImpl& i = *t.impl();
-  key.push_back(std::int64_t(i.dtype) | (i.dist ? 0x100 : 0) | std::int64_t(i.shape.size()) << 16);
+  key.push_back(layout_word(i));
   key.insert(key.end(), i.shape.begin(), i.shape.end());
   if (!i.dist) return;
   const Shape& local = i.dist->local.shape();

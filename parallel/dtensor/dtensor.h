@@ -85,6 +85,11 @@ Tensor full_tensor(const Tensor& x);
 Tensor redistribute_local(const Tensor& local, const Shape& global, const DeviceMesh& mesh,
                           std::span<const Placement> src, std::span<const Placement> dst,
                           const Reason& reason);
+// The key of that move's events (redistribute_local's region while a tracer is active): one id,
+// never reused, per distinct set of arguments on this thread. REQUIRES: `local` is plain.
+std::uint64_t redistribute_key(const Tensor& local, const Shape& global, const DeviceMesh& mesh,
+                               std::span<const Placement> src, std::span<const Placement> dst,
+                               const Reason& reason);
 // PyTorch's cost model of that move (microseconds); infinity when not allowed (Shard → Partial).
 double redistribute_cost(const Shape& global, DType dtype, const DeviceMesh& mesh,
                          std::span<const Placement> src, std::span<const Placement> dst);

@@ -463,6 +463,30 @@ TEST_CASE("a redistribution repeats by everything its events depend on", "[dtens
   REQUIRE(t.blocks.size() == 4);
 }
 
+TEST_CASE("a redistribution's key is the same for the same arguments, whatever came before",
+          "[dtensor]") {
+  // Keys of different lengths in turn (a 2-d and a 3-d tensor): a word left over from a longer
+  // key would give the 2-d move a new id each time, and its events would never match by key.
+  std::vector<std::uint64_t> ids;
+  launch(1, [&](RankContext& ctx) {
+    const DeviceMesh mesh(ctx, std::vector<int>{1});
+    const Placement src[] = {Placement::partial()}, dst[] = {Placement::replicate()};
+    const Tensor a = Tensor::full({4, 3}, 1.0), b = Tensor::full({4, 3, 2}, 1.0);
+    for (int i = 0; i < 2; ++i) {
+      ids.push_back(redistribute_key(a, {4, 3}, mesh, src, dst, "r"));
+      ids.push_back(redistribute_key(b, {4, 3, 2}, mesh, src, dst, "r"));
+    }
+    ids.push_back(redistribute_key(a, {4, 3}, mesh, src, dst, "s"));  // another reason
+    ids.push_back(redistribute_key(a, {4, 3}, mesh, dst, src, "r"));  // the reverse move
+  });
+  REQUIRE(ids.size() == 6);
+  CHECK(ids[0] == ids[2]);
+  CHECK(ids[1] == ids[3]);
+  CHECK(ids[0] != ids[1]);
+  CHECK(ids[4] != ids[0]);
+  CHECK(ids[5] != ids[0]);
+}
+
 TEST_CASE("past the plan cache's size, ops are planned per call and traced the same", "[dtensor]") {
   // 4200 shapes: more distinct plans than a thread caches (4096); the last ones run uncached.
   launch(1, [&](RankContext& ctx) {
